@@ -1,0 +1,2 @@
+"""Triton kernels, each beside a torch implementation of the same contract. Imports neither
+reference/ nor port/."""

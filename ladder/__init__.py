@@ -1,0 +1,1 @@
+"""The parity harness: capture, compare, locate, tolerance tables, fixtures, CLI."""

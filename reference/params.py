@@ -1,0 +1,258 @@
+"""needle v2 parameters: a flat dict keyed by upstream's flax paths ('/'-joined).
+
+Per-layer tensors carry the leading `L` axis that upstream's `nn.scan` stacks, so a file of
+upstream parameters flattened this way loads unchanged. Training-only entries upstream keeps
+(`mtp_*`, `contrastive_head/log_temp`) are ignored on load.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+
+import torch
+
+from .config import V2Config
+
+BLOCK = "stack/layers/block"
+HEAD_PROBES = {"contrastive_head": 4, "confidence_head": 8}
+
+
+class ParamsError(ValueError):
+    """A parameter file or dict that does not fit the config (names the key, shape or offset)."""
+
+
+def param_shapes(cfg: V2Config, heads: bool = True) -> dict:
+    """Every exported parameter's flax path and shape, in a stable order."""
+    L, d, n = cfg.num_layers, cfg.d_model, cfg.mhc_lanes
+    attn, kv, hd, hn = cfg.attn_dim_eff, cfg.kv_dim, cfg.head_dim, cfg.hada_n
+    s = {"embedding/embedding": (cfg.vocab_size, d)}
+    s[f"{BLOCK}/ZCRMSNorm_0/scale"] = (L, d)
+    for name, width in (("q_proj", attn), ("k_proj", kv), ("v_proj", kv), ("gate_proj", attn)):
+        s[f"{BLOCK}/self_attn/{name}/kernel"] = (L, d, width)
+    s[f"{BLOCK}/self_attn/out_proj/kernel"] = (L, attn, d)
+    s[f"{BLOCK}/self_attn/q_norm/scale"] = (L, hd)
+    s[f"{BLOCK}/self_attn/k_norm/scale"] = (L, hd)
+    s[f"{BLOCK}/post_attn_norm/scale"] = (L, d)
+    s[f"{BLOCK}/attn_gate"] = (L,)
+    s[f"{BLOCK}/pre_hada_norm/scale"] = (L, d)
+    for name in ("d1", "d2", "d3"):
+        s[f"{BLOCK}/hadamard_mlp/{name}"] = (L, hn)
+    s["stack/mhc_phi_pre"] = (L, n * d, n)
+    s["stack/mhc_phi_post"] = (L, n * d, n)
+    s["stack/mhc_phi_res"] = (L, n * d, n * n)
+    s["stack/mhc_b_pre"] = (L, n)
+    s["stack/mhc_b_post"] = (L, n)
+    s["stack/mhc_b_res"] = (L, n, n)
+    for name in ("mhc_a_pre", "mhc_a_post", "mhc_a_res"):
+        s[f"stack/{name}"] = (L,)
+    s["stack/final_norm/scale"] = (d,)
+    for site in range(cfg.num_sites):
+        s[f"engrams_{site}/embedding"] = (cfg.engram_tables, cfg.engram_slots, cfg.engram_sub)
+        s[f"engrams_{site}/key_proj/kernel"] = (cfg.engram_fetched, d)
+        s[f"engrams_{site}/value_proj/kernel"] = (cfg.engram_fetched, d)
+        s[f"engrams_{site}/taps"] = (cfg.engram_taps, d)
+    if heads:
+        s["contrastive_head/probes"] = (4, d)
+        s["contrastive_head/proj/kernel"] = (4 * d, cfg.contrastive_dim)
+        s["confidence_head/probes"] = (8, d)
+        s["confidence_head/proj/kernel"] = (8 * d, 1)
+        s["confidence_head/proj/bias"] = (1,)
+    return s
+
+
+def has_heads(params: dict) -> bool:
+    return all(k in params for k in ("contrastive_head/probes", "confidence_head/probes"))
+
+
+def init_params(cfg: V2Config, seed: int = 0, perturbed: bool = False, heads: bool = True,
+                dtype=torch.float32) -> dict:
+    """Upstream's init distributions (spec §a.3), seeded; float32 then cast to `dtype`.
+
+    `perturbed=True` replaces every degenerate init (zero norm scales, identity taps, 4·I b_res,
+    0.01 router gains, tiny Engram values) with values that make every path carry signal, so
+    a bug anywhere moves the logits.
+    """
+    g = torch.Generator().manual_seed(seed)
+    shapes = param_shapes(cfg, heads)
+    resid = 0.02 / math.sqrt(2 * cfg.num_layers)
+
+    def normal(shape, std, mean=0.0):
+        return torch.randn(shape, generator=g, dtype=torch.float32) * std + mean
+
+    p = {}
+    for key, shape in shapes.items():   # one pass in a fixed order: seed -> same values
+        leaf = key.rsplit("/", 1)[-1]
+        if key.endswith("out_proj/kernel") or key.endswith("value_proj/kernel"):
+            p[key] = normal(shape, resid)
+        elif leaf == "scale" or key.endswith("attn_gate") or key.startswith("stack/mhc_b_pre") \
+                or key.startswith("stack/mhc_b_post") or key.endswith("proj/bias"):
+            p[key] = torch.zeros(shape)
+        elif leaf in ("d1", "d2"):
+            p[key] = torch.ones(shape)
+        elif leaf == "d3":
+            p[key] = torch.full(shape, 0.02)
+        elif key == "stack/mhc_b_res":
+            p[key] = 4.0 * torch.eye(cfg.mhc_lanes).expand(shape).clone()
+        elif key.startswith("stack/mhc_a_"):
+            p[key] = torch.full(shape, 0.01)
+        elif leaf == "taps":
+            p[key] = torch.zeros(shape)
+            p[key][0] = 1.0
+        else:
+            p[key] = normal(shape, 0.02)
+    if perturbed:
+        _perturb(p, cfg, g)
+    return {k: v.to(dtype) for k, v in p.items()}
+
+
+def _perturb(p: dict, cfg: V2Config, g: torch.Generator):
+    def normal(shape, std, mean=0.0):
+        return torch.randn(shape, generator=g, dtype=torch.float32) * std + mean
+
+    n, L = cfg.mhc_lanes, cfg.num_layers
+    for key in sorted(p):
+        shape, leaf = tuple(p[key].shape), key.rsplit("/", 1)[-1]
+        if leaf == "scale":
+            p[key] = normal(shape, 0.3)
+        elif key.endswith("attn_gate"):
+            p[key] = normal(shape, 1.0, 1.5)
+        elif leaf in ("d1", "d2"):
+            p[key] = normal(shape, 0.3, 1.0)
+        elif leaf == "d3":
+            p[key] = normal(shape, 1.0)
+        elif key in ("stack/mhc_b_pre", "stack/mhc_b_post"):
+            p[key] = normal(shape, 1.0)
+        elif key == "stack/mhc_b_res":
+            # A plan far from identity: lanes really mix, Sinkhorn really iterates.
+            p[key] = normal(shape, 1.0) + torch.eye(n)
+        elif key.startswith("stack/mhc_a_"):
+            p[key] = normal(shape, 0.3, 1.0)
+        elif key.startswith("stack/mhc_phi_"):
+            p[key] = normal(shape, 1.0 / math.sqrt(n * cfg.d_model))
+        elif leaf == "taps":
+            p[key] = normal(shape, 0.5) + torch.tensor([1.0, 0.0, 0.0, 0.0])[:, None]
+        elif key == "embedding/embedding":
+            p[key] = normal(shape, 0.1)
+        elif key.startswith("engrams_") and leaf == "embedding":
+            p[key] = normal(shape, 1.0)
+        elif key.startswith("engrams_") and leaf == "kernel":
+            p[key] = normal(shape, 1.0 / math.sqrt(cfg.engram_fetched))
+        elif key.endswith("out_proj/kernel"):
+            p[key] = normal(shape, 1.0 / math.sqrt(cfg.attn_dim_eff))
+        elif key.endswith("proj/bias"):
+            p[key] = normal(shape, 0.5)
+    del L
+
+
+def check_params(params: dict, cfg: V2Config, heads: bool | None = None) -> dict:
+    """The exported subset of `params` in canonical order, shapes checked; extras dropped."""
+    want = param_shapes(cfg, heads=has_heads(params) if heads is None else heads)
+    out = {}
+    for key, shape in want.items():
+        if key not in params:
+            raise ParamsError(f"missing parameter {key!r} (expected shape {list(shape)})")
+        t = params[key]
+        if not isinstance(t, torch.Tensor):
+            t = torch.as_tensor(t)
+        if tuple(t.shape) != shape:
+            raise ParamsError(f"parameter {key!r} has shape {list(t.shape)}, "
+                              f"config needs {list(shape)}")
+        out[key] = t
+    return out
+
+
+# ---- safetensors io (no pickle) ----
+
+_ST_DTYPES = {"F32": (torch.float32, 4), "F64": (torch.float64, 8), "F16": (torch.float16, 2),
+              "BF16": (torch.bfloat16, 2), "I64": (torch.int64, 8), "I32": (torch.int32, 4),
+              "U8": (torch.uint8, 1), "BOOL": (torch.bool, 1)}
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+def save_params(path, params: dict, cfg: V2Config | None = None, metadata: dict | None = None):
+    from safetensors.torch import save_file
+    meta = dict(metadata or {})
+    if cfg is not None:
+        meta["needle_config"] = cfg.to_json()
+    tensors = {k: v.detach().contiguous().cpu() for k, v in sorted(params.items())}
+    save_file(tensors, os.fspath(path), metadata=meta)
+
+
+def read_safetensors_header(path) -> tuple:
+    """Validate a safetensors file's framing before anything is allocated: (header, data_start).
+
+    Every declared dtype, shape and byte range is checked against the file size, so a
+    truncated or lying file raises ParamsError naming the tensor, field and offset.
+    """
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ParamsError(f"{path}: file is {size} bytes; the 8-byte header length at "
+                              f"offset 0 is truncated")
+        (hlen,) = struct.unpack("<Q", head)
+        if hlen > min(_MAX_HEADER, size - 8):
+            raise ParamsError(f"{path}: header length {hlen} at offset 0 exceeds the "
+                              f"{size - 8} bytes after it (limit {_MAX_HEADER})")
+        raw = f.read(hlen)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ParamsError(f"{path}: header JSON at offset 8 is malformed: {e}") from None
+    if not isinstance(header, dict):
+        raise ParamsError(f"{path}: header at offset 8 is not a JSON object")
+    data_start, data_len = 8 + hlen, size - 8 - hlen
+    for name, info in header.items():
+        if name == "__metadata__":
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                raise ParamsError(f"{path}: __metadata__ must map strings to strings")
+            continue
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+            raise ParamsError(f"{path}: tensor {name!r} entry lacks dtype/shape/data_offsets")
+        if info["dtype"] not in _ST_DTYPES:
+            raise ParamsError(f"{path}: tensor {name!r} field dtype={info['dtype']!r} "
+                              f"is not one of {sorted(_ST_DTYPES)}")
+        shape, offs = info["shape"], info["data_offsets"]
+        if not (isinstance(shape, list) and all(isinstance(x, int) and x >= 0 for x in shape)):
+            raise ParamsError(f"{path}: tensor {name!r} field shape={shape!r} is invalid")
+        if not (isinstance(offs, list) and len(offs) == 2
+                and all(isinstance(x, int) for x in offs) and 0 <= offs[0] <= offs[1]):
+            raise ParamsError(f"{path}: tensor {name!r} field data_offsets={offs!r} is invalid")
+        nbytes = math.prod(shape) * _ST_DTYPES[info["dtype"]][1]
+        if offs[1] - offs[0] != nbytes:
+            raise ParamsError(f"{path}: tensor {name!r} shape {shape} needs {nbytes} bytes but "
+                              f"data_offsets span {offs[1] - offs[0]}")
+        if offs[1] > data_len:
+            raise ParamsError(f"{path}: tensor {name!r} data_offsets end {offs[1]} "
+                              f"(file offset {data_start + offs[1]}) is past the end of the "
+                              f"file ({size} bytes)")
+    return header, data_start
+
+
+def load_safetensors(path) -> tuple:
+    """(tensors, metadata) after the framing check above."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    header, _ = read_safetensors_header(path)
+    try:
+        tensors = load_file(os.fspath(path))
+    except SafetensorError as e:
+        raise ParamsError(f"{os.fspath(path)}: {e}") from None
+    return tensors, dict(header.get("__metadata__", {}))
+
+
+def load_params(path, cfg: V2Config | None = None) -> tuple:
+    """(params, cfg): the config comes from the file's metadata unless given."""
+    tensors, meta = load_safetensors(path)
+    if cfg is None:
+        if "needle_config" not in meta:
+            raise ParamsError(f"{os.fspath(path)}: no needle_config in the metadata; "
+                              f"pass the config explicitly")
+        cfg = V2Config.from_json(meta["needle_config"])
+    # Half-precision files compute in float32; float64 files stay float64 (the arbiter).
+    params = check_params({k: v.float() if v.dtype in (torch.float16, torch.bfloat16) else v
+                           for k, v in tensors.items()}, cfg)
+    return params, cfg

@@ -1,0 +1,27 @@
+import os
+
+import pytest
+import torch
+from hypothesis import settings
+
+from reference.config import V2Config
+from reference.params import init_params
+
+torch.set_flush_denormal(True)
+# Small tensors: threads only add contention on the 2-core CI machine.
+torch.set_num_threads(1)
+settings.register_profile("ci", deadline=None, derandomize=True, max_examples=25)
+settings.register_profile("dev", deadline=None, max_examples=25)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg():
+    return V2Config.preset("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_params(tiny_cfg):
+    return init_params(tiny_cfg, seed=7, perturbed=True)
