@@ -61,6 +61,12 @@ REFERENCE_RULES = {
     "self/arch_bf16_vs_f32": Rule(0.1, why="spec §f.1: bf16 logits ~2% off f32; reported"),
 }
 
+# Port vs reference (same parameters, float32 both sides, different op order and fusion).
+PORT_RULES = {
+    "port/logits": Rule(1e-5, why="issue #4: logits within 1e-5·max|logits|"),
+    "port/*": Rule(3e-5, why="spec §f.17: <= 3e-5 between correct f32 implementations"),
+}
+
 
 def rule_for(name: str, rules: dict = REFERENCE_RULES) -> Rule:
     for pattern, rule in rules.items():

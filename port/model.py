@@ -1,0 +1,351 @@
+"""V2Model: the port's one-token decode over a ring KV cache (after the seed's V2Model).
+
+Weights are prepared once at load (fused per-layer projections, row-major [out, in] so every
+product is a matrix-vector call) and never change. Per-sequence state lives in V2State. The
+math is the port's own (DESIGN.md: port/ takes only config, params and cact from reference/).
+
+`step` follows upstream decode.py: Engram gated on `u`, `y = block(bx) - u`, Sinkhorn in the
+log domain for 20 iterations, the lanes updated from their values before the layer.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from reference.config import V2Config
+from reference.params import BLOCK, check_params
+from .state import StateError, V2State
+
+EPS = 1e-6
+SEED, PRIME, M32 = 0x9E3779B9, 0x01000193, 0xFFFFFFFF
+
+
+class StepError(ValueError):
+    """A step the model refuses (names the value and the limit); the state is untouched."""
+
+
+def _lanewise(fn, x):
+    """fn applied through torch's SIMD body only. Its vector and scalar-tail code paths for
+    sigmoid/silu round differently, and which one an element takes depends on how many
+    elements share the call; padding to a multiple of 64 sends every element down the vector
+    path, so a value's bits do not depend on the rows batched with it."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    buf = torch.zeros(-(-n // 64) * 64, dtype=x.dtype, device=x.device)
+    buf[:n] = flat
+    return fn(buf)[:n].view(x.shape)
+
+
+def sigmoid(x):
+    return _lanewise(torch.sigmoid, x)
+
+
+def silu(x):
+    return _lanewise(torch.nn.functional.silu, x)
+
+
+def zc(x, g):
+    return (1.0 + g) * x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS)
+
+
+def unit_rms(x):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS)
+
+
+def walsh(n: int):
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / math.sqrt(n)).float()
+
+
+def log_sinkhorn(z, iters: int = 20):
+    for _ in range(iters):
+        z = z - torch.logsumexp(z, -1, keepdim=True)
+        z = z - torch.logsumexp(z, -2, keepdim=True)
+    return z.exp()
+
+
+def ngram_rows(cfg: V2Config, tokens: list, pos: int) -> list:
+    """Row of every Engram table for position `pos` (uint32 hash, spec §b.8), in Python ints."""
+    rows = []
+    for oi, order in enumerate(cfg.engram_orders):
+        for h in range(cfg.engram_heads_eff):
+            acc = (SEED * (oi * cfg.engram_heads_eff + h + 1)) & M32
+            for j in range(order):
+                tok = tokens[pos - j] if pos - j >= 0 else 0
+                acc = ((acc ^ tok) * PRIME) & M32
+            rows.append((acc ^ (acc >> 15)) % cfg.engram_slots)
+    return rows
+
+
+def rowvecs(x, wt):
+    """x [m, k] @ wt [k, n] as m independent M=1 products (bmm over an expanded weight).
+
+    A plain [m, k] @ [k, n] picks BLAS kernels by m, so a row's bits would depend on how
+    many rows travel with it; one product per row keeps step and prefill bit-identical."""
+    return torch.bmm(x[:, None, :], wt.expand(x.shape[0], *wt.shape))[:, 0]
+
+
+class V2Model:
+    def __init__(self, cfg: V2Config, w: dict, device):
+        self.cfg, self.w, self.device = cfg, w, torch.device(device)
+
+    # ---- construction ----
+    @classmethod
+    def from_params(cls, params: dict, cfg: V2Config, weights: str = "dense", device="cpu"):
+        if weights not in ("dense",):
+            raise ValueError(f"weights={weights!r}: supported forms are 'dense'")
+        p = {k: v.detach().to(device=device, dtype=torch.float32)
+             for k, v in check_params(params, cfg).items()}
+        L, n, d = cfg.num_layers, cfg.mhc_lanes, cfg.d_model
+        sa = f"{BLOCK}/self_attn"
+        cat = lambda *names: torch.cat([p[f"{sa}/{nm}/kernel"] for nm in names], -1)
+        w = {
+            "emb": p["embedding/embedding"].contiguous(),
+            # q | k | v | gate, one matvec per layer: [L, attn+2kv+attn, d]
+            "qkvg": cat("q_proj", "k_proj", "v_proj", "gate_proj").transpose(1, 2).contiguous(),
+            "out": p[f"{sa}/out_proj/kernel"].transpose(1, 2).contiguous(),
+            "qn": p[f"{sa}/q_norm/scale"], "kn": p[f"{sa}/k_norm/scale"],
+            "pre": p[f"{BLOCK}/ZCRMSNorm_0/scale"], "post": p[f"{BLOCK}/post_attn_norm/scale"],
+            "pre_hada": p[f"{BLOCK}/pre_hada_norm/scale"],
+            "attn_gate": torch.sigmoid(p[f"{BLOCK}/attn_gate"]),
+            "d1": p[f"{BLOCK}/hadamard_mlp/d1"], "d2": p[f"{BLOCK}/hadamard_mlp/d2"],
+            "d3": p[f"{BLOCK}/hadamard_mlp/d3"],
+            "walsh": walsh(cfg.hada_n).to(device),
+            # mHC router: pre | post | res logits from one matvec per layer: [L, 2n+n², n·d]
+            "router": torch.cat([p["stack/mhc_phi_pre"], p["stack/mhc_phi_post"],
+                                 p["stack/mhc_phi_res"]], -1).transpose(1, 2).contiguous(),
+            "final": p["stack/final_norm/scale"],
+        }
+        lane = torch.eye(n, device=device)[torch.arange(L) % n]
+        w["pre_bias"] = p["stack/mhc_b_pre"] + (8 * lane - 4)
+        w["post_bias"] = p["stack/mhc_b_post"] - 4 * (1 - lane)
+        for k in ("a_pre", "a_post", "a_res", "b_res"):
+            w[k] = p[f"stack/mhc_{k}"]
+        w["sites"] = []
+        for s in range(cfg.num_sites):
+            w["sites"].append({
+                "tables": p[f"engrams_{s}/embedding"].reshape(-1, cfg.engram_sub).contiguous(),
+                "kv": torch.cat([p[f"engrams_{s}/key_proj/kernel"],
+                                 p[f"engrams_{s}/value_proj/kernel"]], -1).t().contiguous().t(),
+                "taps": p[f"engrams_{s}/taps"],
+            })
+        for name in ("qkvg", "out", "router"):
+            w[name + "_t"] = w[name].transpose(1, 2)          # [L, in, out] views
+        w["heads"] = {k: v for k, v in p.items() if "_head/" in k}
+        hd = cfg.head_dim
+        inv = 1.0 / torch.pow(torch.tensor(cfg.rope_theta, dtype=torch.float32),
+                              torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+        ang = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float32), inv)
+        w["cos"], w["sin"] = ang.cos().to(device), ang.sin().to(device)
+        return cls(cfg, w, device)
+
+    # ---- state ----
+    def make_state(self) -> V2State:
+        win = self.cfg.kv_window
+        if win == 0:
+            return self.make_state_full_causal()
+        return V2State(self.cfg, ring=win, window=win, device=self.device)
+
+    def make_state_full_causal(self) -> V2State:
+        return V2State(self.cfg, ring=self.cfg.max_seq_len, window=0, device=self.device)
+
+    # ---- public steps ----
+    def step(self, token: int, state: V2State, logits=None):
+        return self._step(token, state, logits, None, True)
+
+    def step_prefill(self, token: int, state: V2State) -> None:
+        self._step(token, state, None, None, False)
+
+    def step_traced(self, token: int, state: V2State, logits, trace):
+        return self._step(token, state, logits, trace, True)
+
+    @staticmethod
+    def last_hidden(state: V2State):
+        return state.hidden
+
+    # ---- the step ----
+    def _check(self, token, state, logits):
+        cfg = self.cfg
+        if isinstance(token, torch.Tensor):
+            if token.device != self.device:
+                raise StepError(f"token is on {token.device}; the model is on {self.device}")
+            token = int(token)
+        if not isinstance(token, int) or not 0 <= token < cfg.vocab_size:
+            raise StepError(f"token id {token} outside 0..vocab_size-1={cfg.vocab_size - 1}")
+        if state.cfg != cfg:
+            raise StepError("state belongs to a model of another geometry")
+        if state.pos >= cfg.max_seq_len:
+            raise StepError(f"position {state.pos} is past max_seq_len={cfg.max_seq_len}")
+        if logits is not None:
+            if logits.shape != (cfg.vocab_size,) or logits.dtype != torch.float32:
+                raise StepError(f"logits buffer {logits.dtype} {list(logits.shape)}; needs "
+                                f"float32 [{cfg.vocab_size}]")
+            if logits.device != self.device:
+                raise StepError(f"logits buffer on {logits.device}; model on {self.device}")
+        return token
+
+    def _engram(self, state, pos0, m, trace):
+        """Keys and convolved values of every site for positions pos0..pos0+m-1: [m, d] each.
+
+        Row by row for the value ring: a row's taps read the rows before it, so a later row
+        of the chunk must not overwrite a slot an earlier one still reads."""
+        cfg, out = self.cfg, []
+        if not cfg.num_sites:
+            return out
+        S, orders = cfg.engram_slots, [o for o in cfg.engram_orders
+                                       for _ in range(cfg.engram_heads_eff)]
+        flat = torch.tensor([[t * S + r for t, r in enumerate(ngram_rows(cfg, state.tokens, p))]
+                             for p in range(pos0, pos0 + m)], device=self.device)
+        valid = state.valid                 # only the oldest n-gram token / tapped row counts
+        ok = torch.tensor([[1.0 if p - (o - 1) >= 0 and valid[p - (o - 1)] else 0.0
+                            for o in orders] for p in range(pos0, pos0 + m)], device=self.device)
+        dil, R, d = cfg.engram_dilation, state.engram_ring, cfg.d_model
+        for s, site in enumerate(self.w["sites"]):
+            e = (site["tables"][flat] * ok[..., None]).reshape(m, -1)
+            kv = rowvecs(e, site["kv"])
+            k, vraw = kv[:, :d], kv[:, d:]
+            v = torch.empty_like(vraw)
+            for r in range(m):
+                p = pos0 + r
+                state.vraw[s, p % R] = vraw[r]
+                acc = torch.zeros_like(vraw[r])
+                for j in range(cfg.engram_taps):
+                    if p - j * dil >= 0 and valid[p - j * dil]:
+                        acc = acc + site["taps"][j] * state.vraw[s, (p - j * dil) % R]
+                v[r] = acc
+            if trace:
+                trace(f"engram_k{s}", None, k[0])
+                trace(f"engram_v{s}", None, v[0])
+            out.append((k, v))
+        return out
+
+    def _attend(self, i, q, k, v, state, pos):
+        """One position's attention over the ring: write its K/V, then read the span oldest
+        first, so a ring and a full cache read the same rows in the same order."""
+        cfg = self.cfg
+        slot = pos % state.ring
+        state.k[i, :, slot] = k
+        state.v[i, :, slot] = v
+        state.key_ok[slot] = state.valid[pos]
+        span = min(pos + 1, state.window or state.ring)
+        sel = state.slots[:span]
+        torch.arange(pos - span + 1, pos + 1, out=sel)
+        sel.remainder_(state.ring)
+        K, V = state.k[i][:, sel], state.v[i][:, sel]           # [KV, span, hd]
+        qg = q.reshape(cfg.num_kv_heads, cfg.rep, cfg.head_dim)
+        s = torch.matmul(qg, K.transpose(1, 2)) / math.sqrt(cfg.head_dim)
+        if state.pad_aware:                 # pad keys masked with a finite floor, as upstream
+            s = torch.where(state.key_ok[sel], s, torch.finfo(s.dtype).min)
+        return torch.matmul(torch.softmax(s, -1), V).reshape(-1)
+
+    def _step(self, token, state: V2State, logits, trace, want_logits):
+        token = self._check(token, state, logits)
+        return self._rows([token], state, logits, trace, want_logits)
+
+    def _rows(self, tokens: list, state: V2State, logits, trace, want_logits, pool=None):
+        """Run m = len(tokens) positions. Every op is either elementwise, a reduction over a
+        row, a per-row matrix product (bmm, one M=1 product per row) or the per-position
+        attention, so row r's bits do not depend on m: a batched prefill leaves exactly the
+        state of m single steps."""
+        cfg, w = self.cfg, self.w
+        n, d, H, KV, hd = cfg.mhc_lanes, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        attn, kvd, m = cfg.attn_dim_eff, cfg.kv_dim, len(tokens)
+        pos0 = state.pos
+        pad = cfg.pad_token_id
+        keep = [not (state.pad_aware and t == pad) for t in tokens]
+        state.tokens.extend(tokens)         # inputs were checked: nothing below can fail
+        state.valid.extend(keep)
+        x0 = w["emb"][torch.tensor(tokens, device=self.device)] * math.sqrt(d)   # [m, d]
+        if trace:
+            trace("embed", None, x0[0])
+        eng = self._engram(state, pos0, m, trace)
+        X = x0[:, None, :].expand(m, n, d)
+        keep_t = torch.tensor(keep, device=self.device) if pool is not None else None
+        if pool is not None:
+            pool.add(x0, keep_t)
+        cos = w["cos"][pos0:pos0 + m, None, :]
+        sin = w["sin"][pos0:pos0 + m, None, :]
+        for i in range(cfg.num_layers):
+            nx = unit_rms(X.reshape(m, n * d))
+            r = rowvecs(nx, w["router_t"][i])
+            hpre = sigmoid(w["a_pre"][i] * r[:, :n] + w["pre_bias"][i])
+            u = torch.bmm(hpre[:, None, :], X)[:, 0]
+            bx, alpha = u, None
+            site = cfg.site_of_layer(i)
+            if site is not None:
+                ek, ev = eng[site]
+                alpha = sigmoid((unit_rms(u) * unit_rms(ek)).sum(-1, keepdim=True)
+                                      / math.sqrt(d))
+                bx = u + alpha * ev
+            h = zc(bx, w["pre"][i])
+            qkvg = rowvecs(h, w["qkvg_t"][i])
+            q = self._rope(zc(qkvg[:, :attn].reshape(m, H, hd), w["qn"][i]), cos, sin)
+            k = self._rope(zc(qkvg[:, attn:attn + kvd].reshape(m, KV, hd), w["kn"][i]), cos, sin)
+            v = qkvg[:, attn + kvd:attn + 2 * kvd].reshape(m, KV, hd)
+            gate = sigmoid(qkvg[:, attn + 2 * kvd:])
+            o = torch.stack([self._attend(i, q[r_], k[r_], v[r_], state, pos0 + r_)
+                             for r_ in range(m)])
+            a = rowvecs(o * gate, w["out_t"][i])
+            ap = zc(a, w["post"][i])
+            z = bx + w["attn_gate"][i] * ap
+            mi = zc(z, w["pre_hada"][i])
+            mo = self._hadamard(mi, i)
+            y = z + mo - u
+            hpost = 2 * sigmoid(w["a_post"][i] * r[:, n:2 * n] + w["post_bias"][i])
+            res = w["a_res"][i] * r[:, 2 * n:].reshape(m, n, n) + w["b_res"][i]
+            P = log_sinkhorn(res)
+            if trace:
+                for name, val in (("nx", nx), ("hpre", hpre), ("u", u), ("alpha", alpha),
+                                  ("bx", bx), ("h_in", h), ("q", q), ("k", k), ("v", v),
+                                  ("attn", o), ("gate", gate), ("attn_out", a),
+                                  ("attn_post", ap), ("mlp_in", mi), ("mlp_out", mo),
+                                  ("block_out", z + mo), ("y", y), ("hpost", hpost),
+                                  ("res_logits", res), ("hres", P)):
+                    if val is not None:
+                        trace(name, i, val[0] if name != "alpha" else val[0, 0])
+            X = torch.bmm(P, X) + hpost[:, :, None] * y[:, None, :]
+            if pool is not None:
+                pool.add(X.mean(1), keep_t)
+            if trace:
+                trace("x", i, X[0])
+        state.lanes.copy_(X[-1])
+        mean = X[-1].mean(0)
+        torch.mul(1.0 + w["final"], mean / torch.sqrt((mean * mean).mean() + EPS),
+                  out=state.hidden)
+        if trace:
+            trace("lane_mean", None, mean)
+            trace("final_norm", None, state.hidden)
+        if not want_logits:
+            return None
+        out = state.logits if logits is None else logits
+        torch.mv(w["emb"], state.hidden, out=out)
+        if trace:
+            trace("logits", None, out)
+        return out
+
+    def _rope(self, x, cos, sin):
+        half = x.shape[-1] // 2
+        a, b = x[..., :half], x[..., half:]
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+
+    def _hadamard(self, h, i):
+        w, cfg = self.w, self.cfg
+        z = torch.nn.functional.pad(h, (0, cfg.hada_n - cfg.d_model))
+        z = rowvecs(w["d1"][i] * z, w["walsh"])
+        z = rowvecs(silu(w["d2"][i] * z), w["walsh"])
+        return (w["d3"][i] * z)[:, :cfg.d_model]
+
+    def encode_contrastive(self, tokens):
+        from .heads import encode_contrastive
+        return encode_contrastive(self, tokens)
+
+    def confidence(self, tokens):
+        from .heads import confidence
+        return confidence(self, tokens)
+
+    def prefill_batch(self, tokens, state: V2State, batch, logits=None):
+        from .batch import prefill_batch
+        return prefill_batch(self, tokens, state, batch, logits)
