@@ -269,48 +269,9 @@ class V2Model:
         cos = w["cos"][pos0:pos0 + m, None, :]
         sin = w["sin"][pos0:pos0 + m, None, :]
         for i in range(cfg.num_layers):
-            nx = unit_rms(X.reshape(m, n * d))
-            r = rowvecs(nx, w["router_t"][i])
-            hpre = sigmoid(w["a_pre"][i] * r[:, :n] + w["pre_bias"][i])
-            u = torch.bmm(hpre[:, None, :], X)[:, 0]
-            bx, alpha = u, None
-            site = cfg.site_of_layer(i)
-            if site is not None:
-                ek, ev = eng[site]
-                alpha = sigmoid((unit_rms(u) * unit_rms(ek)).sum(-1, keepdim=True)
-                                      / math.sqrt(d))
-                bx = u + alpha * ev
-            h = zc(bx, w["pre"][i])
-            qkvg = rowvecs(h, w["qkvg_t"][i])
-            q = self._rope(zc(qkvg[:, :attn].reshape(m, H, hd), w["qn"][i]), cos, sin)
-            k = self._rope(zc(qkvg[:, attn:attn + kvd].reshape(m, KV, hd), w["kn"][i]), cos, sin)
-            v = qkvg[:, attn + kvd:attn + 2 * kvd].reshape(m, KV, hd)
-            gate = sigmoid(qkvg[:, attn + 2 * kvd:])
-            o = torch.stack([self._attend(i, q[r_], k[r_], v[r_], state, pos0 + r_)
-                             for r_ in range(m)])
-            a = rowvecs(o * gate, w["out_t"][i])
-            ap = zc(a, w["post"][i])
-            z = bx + w["attn_gate"][i] * ap
-            mi = zc(z, w["pre_hada"][i])
-            mo = self._hadamard(mi, i)
-            y = z + mo - u
-            hpost = 2 * sigmoid(w["a_post"][i] * r[:, n:2 * n] + w["post_bias"][i])
-            res = w["a_res"][i] * r[:, 2 * n:].reshape(m, n, n) + w["b_res"][i]
-            P = log_sinkhorn(res)
-            if trace:
-                for name, val in (("nx", nx), ("hpre", hpre), ("u", u), ("alpha", alpha),
-                                  ("bx", bx), ("h_in", h), ("q", q), ("k", k), ("v", v),
-                                  ("attn", o), ("gate", gate), ("attn_out", a),
-                                  ("attn_post", ap), ("mlp_in", mi), ("mlp_out", mo),
-                                  ("block_out", z + mo), ("y", y), ("hpost", hpost),
-                                  ("res_logits", res), ("hres", P)):
-                    if val is not None:
-                        trace(name, i, val[0] if name != "alpha" else val[0, 0])
-            X = torch.bmm(P, X) + hpost[:, :, None] * y[:, None, :]
+            X = self._layer(i, X, eng, state, pos0, cos, sin, trace)
             if pool is not None:
                 pool.add(X.mean(1), keep_t)
-            if trace:
-                trace("x", i, X[0])
         state.lanes.copy_(X[-1])
         mean = X[-1].mean(0)
         torch.mul(1.0 + w["final"], mean / torch.sqrt((mean * mean).mean() + EPS),
@@ -325,6 +286,55 @@ class V2Model:
         if trace:
             trace("logits", None, out)
         return out
+
+    def _layer(self, i, X, eng, state, pos0, cos, sin, trace=None):
+        """Layer i on lanes X [m, n, d] at positions pos0..pos0+m-1; returns the new lanes.
+
+        Writes the layer's K/V rows into the state's ring. `eng` holds every site's (k, v)."""
+        cfg, w = self.cfg, self.w
+        n, d, H, KV, hd = cfg.mhc_lanes, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        attn, kvd, m = cfg.attn_dim_eff, cfg.kv_dim, X.shape[0]
+        nx = unit_rms(X.reshape(m, n * d))
+        r = rowvecs(nx, w["router_t"][i])
+        hpre = sigmoid(w["a_pre"][i] * r[:, :n] + w["pre_bias"][i])
+        u = torch.bmm(hpre[:, None, :], X)[:, 0]
+        bx, alpha = u, None
+        site = cfg.site_of_layer(i)
+        if site is not None:
+            ek, ev = eng[site]
+            alpha = sigmoid((unit_rms(u) * unit_rms(ek)).sum(-1, keepdim=True)
+                                  / math.sqrt(d))
+            bx = u + alpha * ev
+        h = zc(bx, w["pre"][i])
+        qkvg = rowvecs(h, w["qkvg_t"][i])
+        q = self._rope(zc(qkvg[:, :attn].reshape(m, H, hd), w["qn"][i]), cos, sin)
+        k = self._rope(zc(qkvg[:, attn:attn + kvd].reshape(m, KV, hd), w["kn"][i]), cos, sin)
+        v = qkvg[:, attn + kvd:attn + 2 * kvd].reshape(m, KV, hd)
+        gate = sigmoid(qkvg[:, attn + 2 * kvd:])
+        o = torch.stack([self._attend(i, q[r_], k[r_], v[r_], state, pos0 + r_)
+                         for r_ in range(m)])
+        a = rowvecs(o * gate, w["out_t"][i])
+        ap = zc(a, w["post"][i])
+        z = bx + w["attn_gate"][i] * ap
+        mi = zc(z, w["pre_hada"][i])
+        mo = self._hadamard(mi, i)
+        y = z + mo - u
+        hpost = 2 * sigmoid(w["a_post"][i] * r[:, n:2 * n] + w["post_bias"][i])
+        res = w["a_res"][i] * r[:, 2 * n:].reshape(m, n, n) + w["b_res"][i]
+        P = log_sinkhorn(res)
+        if trace:
+            for name, val in (("nx", nx), ("hpre", hpre), ("u", u), ("alpha", alpha),
+                              ("bx", bx), ("h_in", h), ("q", q), ("k", k), ("v", v),
+                              ("attn", o), ("gate", gate), ("attn_out", a),
+                              ("attn_post", ap), ("mlp_in", mi), ("mlp_out", mo),
+                              ("block_out", z + mo), ("y", y), ("hpost", hpost),
+                              ("res_logits", res), ("hres", P)):
+                if val is not None:
+                    trace(name, i, val[0] if name != "alpha" else val[0, 0])
+        X = torch.bmm(P, X) + hpost[:, :, None] * y[:, None, :]
+        if trace:
+            trace("x", i, X[0])
+        return X
 
     def _rope(self, x, cos, sin):
         half = x.shape[-1] // 2
@@ -345,6 +355,21 @@ class V2Model:
     def confidence(self, tokens):
         from .heads import confidence
         return confidence(self, tokens)
+
+    def step_layer(self, i: int, lanes, state: V2State, pos: int, engram=None, trace=None):
+        """Injection: run only layer `i` at position `pos` (already stepped into `state`) on the
+        given lanes [n, d], with `engram` = [(k [d], v [d]) per site] (default: recomputed
+        from the state's tokens). Overwrites that layer's K/V at `pos`: pass `state.clone()`.
+        Returns the lanes after the layer."""
+        if not 0 <= i < self.cfg.num_layers or not 0 <= pos < state.pos:
+            raise StepError(f"layer {i} / position {pos} outside 0..{self.cfg.num_layers - 1}"
+                            f" / 0..{state.pos - 1}")
+        if engram is None:
+            engram = self._engram(state.clone(), pos, 1, None)
+        eng = [(k.reshape(1, -1), v.reshape(1, -1)) for k, v in engram]
+        X = lanes.reshape(1, self.cfg.mhc_lanes, self.cfg.d_model).to(self.w["emb"])
+        cos, sin = self.w["cos"][pos:pos + 1, None, :], self.w["sin"][pos:pos + 1, None, :]
+        return self._layer(i, X, eng, state, pos, cos, sin, trace)[0]
 
     def prefill_batch(self, tokens, state: V2State, batch, logits=None):
         from .batch import prefill_batch

@@ -64,6 +64,13 @@ class V2State:
             raise StateError("state belongs to a model of another geometry")
         self._set_window(int(window))
 
+    def clone(self) -> "V2State":
+        other = V2State.__new__(V2State)
+        for k, v in self.__dict__.items():
+            other.__dict__[k] = v.clone() if isinstance(v, torch.Tensor) else \
+                (list(v) if isinstance(v, list) else v)
+        return other
+
     def reset(self):
         self.tokens.clear()
         self.valid.clear()
