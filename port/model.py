@@ -13,9 +13,13 @@ import math
 
 import torch
 
+from reference import cact
 from reference.config import V2Config
 from reference.params import BLOCK, check_params
+from .cq import CqWeight, fwht
 from .state import StateError, V2State
+
+WEIGHT_FORMS = ("dense", "cq")
 
 EPS = 1e-6
 SEED, PRIME, M32 = 0x9E3779B9, 0x01000193, 0xFFFFFFFF
@@ -88,15 +92,60 @@ def rowvecs(x, wt):
     return torch.bmm(x[:, None, :], wt.expand(x.shape[0], *wt.shape))[:, 0]
 
 
+def _cq_matrices(cqw: dict, cfg: V2Config, device) -> dict:
+    """Pre-rotation rows of every CQ matrix, fused and laid out as the dense path's views."""
+    L, n = cfg.num_layers, cfg.mhc_lanes
+    rows = lambda name: cqw[name].rows.to(device)
+    qkvg = torch.stack([torch.cat([rows(f"layer{i:02d}.{k}") for k in
+                                   ("q_proj", "k_proj", "v_proj", "gate_proj")])
+                        for i in range(L)])
+    out = torch.stack([rows(f"layer{i:02d}.out_proj") for i in range(L)])
+    phi = [rows(f"mhc_phi_{k}").reshape(L, -1, rows(f"mhc_phi_{k}").shape[-1])
+           for k in ("pre", "post", "res")]                  # rows (layer, k)
+    router = torch.cat(phi, 1)
+    return {"qkvg_t": qkvg.transpose(1, 2), "out_t": out.transpose(1, 2),
+            "router_t": router.transpose(1, 2), "head_t": rows("embedding").t(),
+            "cq_bytes": sum(w.nbytes for w in cqw.values())}
+
+
 class V2Model:
     def __init__(self, cfg: V2Config, w: dict, device):
         self.cfg, self.w, self.device = cfg, w, torch.device(device)
 
     # ---- construction ----
     @classmethod
-    def from_params(cls, params: dict, cfg: V2Config, weights: str = "dense", device="cpu"):
-        if weights not in ("dense",):
-            raise ValueError(f"weights={weights!r}: supported forms are 'dense'")
+    def from_params(cls, params: dict, cfg: V2Config, weights: str = "dense", device="cpu",
+                    bits_map: str = "embedding=4,mhc=4,default=2"):
+        """weights="dense": float32 as given; "cq": quantised as the .cact writer does
+        (`bits_map`), then computed from the codes (see from_cact)."""
+        if weights not in WEIGHT_FORMS:
+            raise ValueError(f"weights={weights!r} is not one of {WEIGHT_FORMS}")
+        if weights == "cq":
+            return cls.from_cactfile(cact.build_cact(params, cfg, bits_map), "cq", device)
+        return cls._build(params, cfg, None, device)
+
+    @classmethod
+    def from_cact(cls, path, weights: str = "cq", device="cpu"):
+        """Load a .cact file. "cq": every matrix stays in its codes (CqWeight, pre-rotation rows
+        at load; activations rotated per 128-group); "dense": the dequantised float32 matrices."""
+        return cls.from_cactfile(cact.read_cact(path), weights, device)
+
+    @classmethod
+    def from_cactfile(cls, f, weights: str = "cq", device="cpu"):
+        if weights not in WEIGHT_FORMS:
+            raise ValueError(f"weights={weights!r} is not one of {WEIGHT_FORMS}")
+        cqw = None
+        if weights == "cq":
+            cqw = {s.name: CqWeight.from_slot(s, "dense") for s in f.slots
+                   if s.dtype == cact.DTYPE_CQ}
+        model = cls._build(f.params, f.config, cqw, device)
+        model.tokenizer = f.tokenizer
+        return model
+
+    @classmethod
+    def _build(cls, params: dict, cfg: V2Config, cqw, device):
+        """Prepare every weight once. With `cqw` (slot name -> CqWeight) the matrices are the
+        codes' pre-rotation rows [out, in_pad] and every product first rotates its input."""
         p = {k: v.detach().to(device=device, dtype=torch.float32)
              for k, v in check_params(params, cfg).items()}
         L, n, d = cfg.num_layers, cfg.mhc_lanes, cfg.d_model
@@ -126,14 +175,20 @@ class V2Model:
             w[k] = p[f"stack/mhc_{k}"]
         w["sites"] = []
         for s in range(cfg.num_sites):
+            kv = (torch.cat([p[f"engrams_{s}/key_proj/kernel"],
+                             p[f"engrams_{s}/value_proj/kernel"]], -1).t().contiguous()
+                  if cqw is None else
+                  torch.cat([cqw[f"engram{s}.key_proj"].rows, cqw[f"engram{s}.value_proj"].rows]))
             w["sites"].append({
                 "tables": p[f"engrams_{s}/embedding"].reshape(-1, cfg.engram_sub).contiguous(),
-                "kv": torch.cat([p[f"engrams_{s}/key_proj/kernel"],
-                                 p[f"engrams_{s}/value_proj/kernel"]], -1).t().contiguous().t(),
+                "kv": kv.t(),                                  # [in, 2d] view
                 "taps": p[f"engrams_{s}/taps"],
             })
         for name in ("qkvg", "out", "router"):
             w[name + "_t"] = w[name].transpose(1, 2)          # [L, in, out] views
+        w["rotate"] = cqw is not None
+        if cqw is not None:
+            w.update(_cq_matrices(cqw, cfg, device))
         w["heads"] = {k: v for k, v in p.items() if "_head/" in k}
         hd = cfg.head_dim
         inv = 1.0 / torch.pow(torch.tensor(cfg.rope_theta, dtype=torch.float32),
@@ -205,7 +260,7 @@ class V2Model:
         dil, R, d = cfg.engram_dilation, state.engram_ring, cfg.d_model
         for s, site in enumerate(self.w["sites"]):
             e = (site["tables"][flat] * ok[..., None]).reshape(m, -1)
-            kv = rowvecs(e, site["kv"])
+            kv = self._mm(e, site["kv"])
             k, vraw = kv[:, :d], kv[:, d:]
             v = torch.empty_like(vraw)
             for r in range(m):
@@ -282,7 +337,10 @@ class V2Model:
         if not want_logits:
             return None
         out = state.logits if logits is None else logits
-        torch.mv(w["emb"], state.hidden, out=out)
+        if w["rotate"]:
+            out.copy_(self._mm(state.hidden[None], w["head_t"])[0])
+        else:
+            torch.mv(w["emb"], state.hidden, out=out)
         if trace:
             trace("logits", None, out)
         return out
@@ -295,7 +353,7 @@ class V2Model:
         n, d, H, KV, hd = cfg.mhc_lanes, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         attn, kvd, m = cfg.attn_dim_eff, cfg.kv_dim, X.shape[0]
         nx = unit_rms(X.reshape(m, n * d))
-        r = rowvecs(nx, w["router_t"][i])
+        r = self._mm(nx, w["router_t"][i])
         hpre = sigmoid(w["a_pre"][i] * r[:, :n] + w["pre_bias"][i])
         u = torch.bmm(hpre[:, None, :], X)[:, 0]
         bx, alpha = u, None
@@ -306,14 +364,14 @@ class V2Model:
                                   / math.sqrt(d))
             bx = u + alpha * ev
         h = zc(bx, w["pre"][i])
-        qkvg = rowvecs(h, w["qkvg_t"][i])
+        qkvg = self._mm(h, w["qkvg_t"][i])
         q = self._rope(zc(qkvg[:, :attn].reshape(m, H, hd), w["qn"][i]), cos, sin)
         k = self._rope(zc(qkvg[:, attn:attn + kvd].reshape(m, KV, hd), w["kn"][i]), cos, sin)
         v = qkvg[:, attn + kvd:attn + 2 * kvd].reshape(m, KV, hd)
         gate = sigmoid(qkvg[:, attn + 2 * kvd:])
         o = torch.stack([self._attend(i, q[r_], k[r_], v[r_], state, pos0 + r_)
                          for r_ in range(m)])
-        a = rowvecs(o * gate, w["out_t"][i])
+        a = self._mm(o * gate, w["out_t"][i])
         ap = zc(a, w["post"][i])
         z = bx + w["attn_gate"][i] * ap
         mi = zc(z, w["pre_hada"][i])
@@ -335,6 +393,12 @@ class V2Model:
         if trace:
             trace("x", i, X[0])
         return X
+
+    def _mm(self, x, wt):
+        """x [m, in] times a prepared weight view wt [in or in_pad, out], row by row."""
+        if self.w["rotate"]:
+            x = fwht(torch.nn.functional.pad(x, (0, wt.shape[0] - x.shape[-1])))
+        return rowvecs(x, wt)
 
     def _rope(self, x, cos, sin):
         half = x.shape[-1] // 2

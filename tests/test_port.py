@@ -6,6 +6,7 @@ from ladder.rules import PORT_RULES, max_rel, rule_for
 from port.batch import V2Batch
 from port.model import StepError, V2Model
 from port.state import StateError
+from reference import cact
 from reference.config import V2Config
 from reference.decode import COARSE, forward_cached, generate, init_kv_cache
 from reference.params import init_params, save_params, load_params
@@ -20,6 +21,11 @@ def tiny_model(tiny_cfg, tiny_params):
     return V2Model.from_params(tiny_params, tiny_cfg)
 
 
+@pytest.fixture(scope="module")
+def tiny_cq_model(tiny_cfg, tiny_params):
+    return V2Model.from_params(tiny_params, tiny_cfg, weights="cq")
+
+
 def _seq(cfg, n, seed=0):
     return torch.randint(1, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
 
@@ -29,10 +35,15 @@ def _reference_logits(params, cfg, seq):
     return forward_cached(params, cfg, seq[None], kc, vc, 0)[0][0]
 
 
+@pytest.mark.parametrize("weights", ["dense", "cq"])
 @pytest.mark.parametrize("which", ["tiny", "mid"])
-def test_logits_match_reference_past_three_windows(which, tiny_cfg, tiny_params):
+def test_logits_match_reference_past_three_windows(which, weights, tiny_cfg, tiny_params):
     cfg, params = (tiny_cfg, tiny_params) if which == "tiny" else (MID, init_params(MID, 3, True))
-    model = V2Model.from_params(params, cfg)
+    if weights == "cq":      # the reference runs on the same dequantised weights
+        f = cact.build_cact(params, cfg)
+        model, params = V2Model.from_cactfile(f, "cq"), f.params
+    else:
+        model = V2Model.from_params(params, cfg)
     prompt, steps = 11, 3 * cfg.kv_window
     seq = _seq(cfg, prompt + steps + 1)
     ref = _reference_logits(params, cfg, seq)
@@ -187,3 +198,30 @@ def test_shipped_geometry_from_a_parameter_file(tmp_path):
     ref = _reference_logits(params, cfg, seq)
     assert rule_for("port/logits", PORT_RULES).check(got, ref)
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+def test_cq_model_from_a_cact_file(tmp_path, tiny_cfg, tiny_params):
+    path = tmp_path / "tiny.cact"
+    cact.write_cact(path, tiny_params, tiny_cfg)
+    cq, dense = V2Model.from_cact(path), V2Model.from_cact(path, weights="dense")
+    assert cq.w["rotate"] and not dense.w["rotate"]
+    seq = _seq(tiny_cfg, 20, seed=6)
+    a, b = cq.make_state(), dense.make_state()
+    ref = _reference_logits(cact.read_cact(path).params, tiny_cfg, seq)
+    for p, t in enumerate(seq.tolist()):
+        la, lb = cq.step(t, a), dense.step(t, b)
+        assert rule_for("port/logits", PORT_RULES).check(la, ref[p])
+        assert rule_for("port/logits", PORT_RULES).check(lb, ref[p])
+        assert not torch.equal(la, lb)          # really two computations
+    with pytest.raises(ValueError, match="weights='int8'"):
+        V2Model.from_params(tiny_params, tiny_cfg, weights="int8")
+
+
+@given(st.lists(st.integers(0, 255), min_size=1, max_size=24), st.integers(1, 9))
+def test_cq_prefill_batch_equals_step_prefill(tiny_cq_model, tokens, cap):
+    a, b = tiny_cq_model.make_state(), tiny_cq_model.make_state()
+    for t in tokens:
+        tiny_cq_model.step_prefill(t, a)
+    tiny_cq_model.prefill_batch(tokens, b, V2Batch(tiny_cq_model, cap))
+    assert torch.equal(a.k, b.k) and torch.equal(a.lanes, b.lanes)
+    assert torch.equal(tiny_cq_model.step(7, a), tiny_cq_model.step(7, b))
