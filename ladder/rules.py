@@ -1,16 +1,39 @@
 """Tolerance rules as data: every floating-point comparison in the project takes its bound here.
 
-A rule bounds `max|a - b| <= atol + rtol * scale`, where `scale` is either each element's
+A rule bounds `|a - b| <= atol + rtol * scale`, where `scale` is either each element's
 |b| ("elementwise", DESIGN.md's rule) or the reference vector's max |b| ("maxabs", the form
-the upstream comparison is specified in: 1e-5·max|logits|). Bit-exact claims never use a
-rule; they use torch.equal.
+the upstream comparison is specified in: 1e-5·max|logits|). `stat` says which statistic of
+the per-element ratio |a - b| / allowance must stay <= 1: "max" (every element) or "p99" (all
+but the worst 1%). Bit-exact claims never use a rule; they use torch.equal.
+
+Rules are keyed by point-name patterns (fnmatch, first match wins, so a catch-all pattern is
+the default). `RuleSet` bundles them with the logits checks and the relative-error floor, and
+round-trips through a small TOML or JSON file (`load_rules`, `dump_rules`).
 """
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
+
+SCALES = ("maxabs", "elementwise")
+STATS = ("max", "p99")
+MAX_RULES_FILE = 1024 * 1024        # a rules file is a few hundred bytes; refuse anything huge
+
+
+class RulesError(ValueError):
+    """A rule or rules file that cannot be used (names the field, its value and the limit)."""
+
+
+def _finite_nonneg(owner: str, name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise RulesError(f"{owner}: field {name}={value!r} must be a finite number >= 0")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -19,24 +42,94 @@ class Rule:
     atol: float = 0.0
     scale: str = "maxabs"          # "maxabs" | "elementwise"
     why: str = ""
+    stat: str = "max"              # "max" | "p99"
+
+    def __post_init__(self):
+        _finite_nonneg("Rule", "rtol", self.rtol)
+        _finite_nonneg("Rule", "atol", self.atol)
+        if self.scale not in SCALES:
+            raise RulesError(f"Rule: field scale={self.scale!r} must be one of {SCALES}")
+        if self.stat not in STATS:
+            raise RulesError(f"Rule: field stat={self.stat!r} must be one of {STATS}")
+
+    def ratios(self, a, b):
+        """|a - b| / allowance per element, float64 (inf where the allowance is 0 and a != b)."""
+        a, b = a.double(), b.double()
+        diff = (a - b).abs()
+        if self.scale == "maxabs":
+            allow = self.atol + self.rtol * (float(b.abs().max()) if b.numel() else 0.0)
+            allow = torch.full_like(diff, allow)
+        else:
+            allow = self.atol + self.rtol * b.abs()
+        return torch.where(allow > 0, diff / allow.clamp_min(1e-300),
+                           torch.where(diff == 0, 0.0, float("inf")))
 
     def error(self, a, b) -> float:
         """The statistic this rule bounds, as a fraction of its allowance (pass: <= 1)."""
         a, b = a.double(), b.double()
-        diff = (a - b).abs()
         if not torch.isfinite(a).all() or not torch.isfinite(b).all():
             return float("inf")
-        if self.scale == "maxabs":
-            allow = self.atol + self.rtol * float(b.abs().max()) if b.numel() else self.atol
-            worst = float(diff.max()) if diff.numel() else 0.0
+        if not b.numel():
+            return 0.0
+        if self.stat == "max" and self.scale == "maxabs":
+            diff = (a - b).abs()
+            allow = self.atol + self.rtol * float(b.abs().max())
+            worst = float(diff.max())
             return worst / allow if allow > 0 else (0.0 if worst == 0 else float("inf"))
-        allow = self.atol + self.rtol * b.abs()
-        ratio = torch.where(allow > 0, diff / allow.clamp_min(1e-300),
-                            torch.where(diff == 0, 0.0, float("inf")))
-        return float(ratio.max()) if ratio.numel() else 0.0
+        r = self.ratios(a, b).reshape(-1)
+        if self.stat == "p99":
+            return float(torch.quantile(r, 0.99)) if r.numel() > 1 else float(r.max())
+        return float(r.max())
 
     def check(self, a, b) -> bool:
         return self.error(a, b) <= 1.0
+
+    def position_ratios(self, a, b):
+        """`ratios` of each slice a[j], b[j] along the leading (position) axis, as [S, N];
+        every element of a slice holding a NaN/Inf reads inf, as `error` does."""
+        a, b = a.double().reshape(a.shape[0], -1), b.double().reshape(b.shape[0], -1)
+        diff = (a - b).abs()
+        if self.scale == "maxabs":
+            top = b.abs().amax(1, keepdim=True) if b.shape[1] else b.new_zeros(b.shape[0], 1)
+            allow = (self.atol + self.rtol * top).expand_as(diff)
+        else:
+            allow = self.atol + self.rtol * b.abs()
+        r = torch.where(allow > 0, diff / allow.clamp_min(1e-300),
+                        torch.where(diff == 0, 0.0, float("inf")))
+        finite = (torch.isfinite(a) & torch.isfinite(b)).all(1, keepdim=True)
+        return torch.where(finite, r, float("inf"))
+
+    def position_errors(self, a, b, ratios=None):
+        """[error(a[j], b[j]) for each position j] in one vectorised pass, as a list
+        (`ratios`: position_ratios(a, b) when the caller already has them)."""
+        r = self.position_ratios(a, b) if ratios is None else ratios
+        if not r.shape[1]:
+            return [0.0] * r.shape[0]
+        if self.stat == "p99" and r.shape[1] > 1:
+            return torch.quantile(r, 0.99, dim=1).tolist()
+        return r.amax(1).tolist()
+
+    def describe(self) -> str:
+        s = f"rtol {self.rtol:.1e}"
+        if self.atol:
+            s += f" atol {self.atol:.1e}"
+        return s + f" {self.scale}" + ("" if self.stat == "max" else f" {self.stat}")
+
+
+@dataclass(frozen=True)
+class LogitsRule:
+    """Extra checks on logits. A near tie: two ids whose reference logits differ by at most
+    `tie_factor` allowances of the logits rule (each side may move by one allowance, so
+    their order can legitimately swap). KL(ref || port) needs no constant of its own: when
+    every logit is within the allowance A, Hoeffding's lemma bounds it by A²/2 nats."""
+    topk: int = 5
+    tie_factor: float = 2.0
+    why: str = "two sides each within one allowance can swap ids closer than two allowances"
+
+    def __post_init__(self):
+        if isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1:
+            raise RulesError(f"LogitsRule: field topk={self.topk!r} must be an integer >= 1")
+        _finite_nonneg("LogitsRule", "tie_factor", self.tie_factor)
 
 
 def max_rel(a, b) -> float:
@@ -59,17 +152,188 @@ REFERENCE_RULES = {
                                       "same casts, but XLA fuses elementwise bf16 ops in f32; "
                                       "gap reported by the tests, bound catches breakage"),
     "self/arch_bf16_vs_f32": Rule(0.1, why="spec §f.1: bf16 logits ~2% off f32; reported"),
+    # The f32 reference against the committed fixture (the float64 reference rounded to f32),
+    # per ladder point and position.
+    "arbiter/logits": Rule(2e-6, why="f32 rounding against the float64 arbiter (as "
+                                     "self/f32_vs_f64); measured 4.8e-7 on tiny"),
+    "arbiter/L*.hres": Rule(5e-6, why="as port/L*.hres: 20 Sinkhorn iterations on an n×n "
+                                      "plan; measured 3.6e-7 f32 vs f64 on tiny"),
+    "arbiter/*": Rule(1e-5, why="one f32 implementation against float64: measured <= 1.7e-6 "
+                                "per point on tiny; 6x headroom, 3x under the port default"),
 }
 
 # Port vs reference (same parameters, float32 both sides, different op order and fusion).
 PORT_RULES = {
     "port/logits": Rule(1e-5, why="issue #4: logits within 1e-5·max|logits|"),
+    "port/L*.hres": Rule(5e-6, why="Sinkhorn's output is a fixed-size n×n computation whose f32 "
+                                   "error does not grow with the model: measured <= 6.2e-7 "
+                                   "(tiny, 20 positions) and 1.4e-6 (shipped geometry, 4 "
+                                   "positions); 19 iterations instead of 20 move it by up to "
+                                   "2e-4, which the 3e-5 default would let through"),
     "port/*": Rule(3e-5, why="spec §f.17: <= 3e-5 between correct f32 implementations"),
 }
 
+# Reported by compare.py: relative error |a-b| / max(|b|, REL_FLOOR·max|b|), so elements near
+# a zero crossing do not read as huge relative errors. A report metric, never a pass criterion.
+REL_FLOOR = 1e-3
 
-def rule_for(name: str, rules: dict = REFERENCE_RULES) -> Rule:
+
+@dataclass(frozen=True)
+class RuleSet:
+    """Point rules (pattern -> Rule, first match wins), the logits checks, the rel floor."""
+    rules: dict = field(default_factory=lambda: dict(PORT_RULES))
+    logits: LogitsRule = field(default_factory=LogitsRule)
+    rel_floor: float = REL_FLOOR
+    source: str = "ladder/rules.py"
+
+    def __post_init__(self):
+        _finite_nonneg("RuleSet", "rel_floor", self.rel_floor)
+        if not self.rules:
+            raise RulesError("RuleSet: field rules is empty; give at least a catch-all '*'")
+
+    def pattern_for(self, name: str) -> str:
+        for pattern in self.rules:
+            if fnmatch.fnmatchcase(name, pattern):
+                return pattern
+        raise KeyError(f"no tolerance rule matches {name!r}; patterns: {list(self.rules)}")
+
+    def for_point(self, name: str) -> Rule:
+        return self.rules[self.pattern_for(name)]
+
+    def to_dict(self) -> dict:
+        return {"rel_floor": self.rel_floor, "logits": asdict(self.logits),
+                "rules": [{"pattern": p, **asdict(r)} for p, r in self.rules.items()]}
+
+
+DEFAULT_RULES = RuleSet(rules={**PORT_RULES, **{k: v for k, v in REFERENCE_RULES.items()
+                                                if k.startswith("arbiter/")}})
+
+
+def rule_for(name: str, rules=REFERENCE_RULES) -> Rule:
+    if isinstance(rules, RuleSet):
+        return rules.for_point(name)
     for pattern, rule in rules.items():
         if fnmatch.fnmatchcase(name, pattern):
             return rule
     raise KeyError(f"no tolerance rule matches {name!r}; patterns: {list(rules)}")
+
+
+def _build(cls, data, where: str):
+    if not isinstance(data, dict):
+        raise RulesError(f"{where}: must be a table/object, got {type(data).__name__}")
+    known = {f.name for f in fields(cls)}
+    extra = sorted(set(data) - known)
+    if extra:
+        raise RulesError(f"{where}: unknown field {extra[0]!r}; known: {sorted(known)}")
+    try:
+        return cls(**data)
+    except RulesError as e:
+        raise RulesError(f"{where}: {e}") from None
+    except TypeError as e:            # a required field missing
+        raise RulesError(f"{where}: {e}") from None
+
+
+def rules_from_dict(data, source: str = "<dict>") -> RuleSet:
+    """A RuleSet from {"rules": [{"pattern", "rtol", ...}, ...], "logits": {...},
+    "rel_floor": x}; "rules" may also map pattern -> fields (order kept)."""
+    if not isinstance(data, dict):
+        raise RulesError(f"{source}: top level must be a table/object")
+    extra = sorted(set(data) - {"rules", "logits", "rel_floor"})
+    if extra:
+        raise RulesError(f"{source}: unknown field {extra[0]!r}; known: logits, rel_floor, rules")
+    raw = data.get("rules")
+    if isinstance(raw, dict):
+        raw = [{"pattern": p, **(v if isinstance(v, dict) else {"rtol": v})}
+               for p, v in raw.items()]
+    if not isinstance(raw, list) or not raw:
+        raise RulesError(f"{source}: field 'rules' must be a non-empty list of rules")
+    rules = {}
+    for i, item in enumerate(raw):
+        where = f"{source}: rules[{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("pattern"), str):
+            raise RulesError(f"{where}: needs a string field 'pattern'")
+        body = {k: v for k, v in item.items() if k != "pattern"}
+        if item["pattern"] in rules:
+            raise RulesError(f"{where}: pattern {item['pattern']!r} repeats an earlier rule")
+        rules[item["pattern"]] = _build(Rule, body, f"{where} ({item['pattern']})")
+    logits = _build(LogitsRule, data.get("logits", {}), f"{source}: logits")
+    floor = data.get("rel_floor", REL_FLOOR)
+    try:
+        return RuleSet(rules=rules, logits=logits, rel_floor=floor, source=source)
+    except RulesError as e:
+        raise RulesError(f"{source}: {e}") from None
+
+
+def load_rules(path) -> RuleSet:
+    """Read a rules file: .toml (Python 3.11+'s tomllib) or .json."""
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    if size > MAX_RULES_FILE:
+        raise RulesError(f"{path}: {size} bytes exceeds the rules file limit {MAX_RULES_FILE}")
+    with open(path, "rb") as f:
+        raw = f.read()
+    if path.endswith(".toml"):
+        try:
+            import tomllib
+        except ImportError:
+            raise RulesError(f"{path}: TOML needs Python 3.11+ (tomllib); use JSON") from None
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise RulesError(f"{path}: malformed TOML: {e}") from None
+    elif path.endswith(".json"):
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise RulesError(f"{path}: malformed JSON: {e}") from None
+    else:
+        raise RulesError(f"{path}: rules file must end in .toml or .json")
+    return rules_from_dict(data, path)
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)      # a JSON string is a valid TOML basic string
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("inf" if v > 0 else "-inf")
+    return str(v)
+
+
+def dump_rules(ruleset: RuleSet, fmt: str = "toml") -> str:
+    """The rule set as a TOML or JSON document that load_rules reads back unchanged."""
+    d = ruleset.to_dict()
+    if fmt == "json":
+        return json.dumps(d, indent=2) + "\n"
+    if fmt != "toml":
+        raise RulesError(f"format {fmt!r} must be 'toml' or 'json'")
+    out = [f"rel_floor = {_toml_value(d['rel_floor'])}", "", "[logits]"]
+    out += [f"{k} = {_toml_value(v)}" for k, v in d["logits"].items()]
+    for r in d["rules"]:
+        out += ["", "[[rules]]"] + [f"{k} = {_toml_value(v)}" for k, v in r.items()]
+    return "\n".join(out) + "\n"
+
+
+# Issue #3: Cactus-Quants and the .cact container (tests/test_cact*.py, tests/test_cq*.py).
+# Each bound is 2-3x the worst value measured (the measurement is in its `why`).
+CACT_RULES = {
+    "cact/dequant_vs_upstream": Rule(2e-6, why=(
+        "our correctly rounded dequantisation vs upstream read_export (numpy float32 matmul; "
+        "its summation order is the BLAS kernel's, shape dependent): measured <= 8.5e-7 of "
+        "the tensor's max|w| over every CQ slot of the five upstream fixtures")),
+    "cact/upstream_logits": Rule(2e-6, why=(
+        "reference decode on our dequantisation vs upstream decode on upstream's, same file, "
+        "prefill + 10 steps past the window: measured <= 7.5e-7 of max|logits|")),
+    "cq/matvec": Rule(1.5e-6, why=(
+        "CqWeight matvec/matmat, rotated input in float32, vs the exactly dequantised matrix "
+        "times x in float64: measured <= 5.3e-7 (dense) and <= 2.8e-7 (packed) of max|y| "
+        "over 512x512, 256x512, 8192x512, 37x200 at every width")),
+    "cq/row": Rule(8e-7, why=(
+        "CqWeight.dequantize_row (float32 fast WHT) vs the correctly rounded row: measured "
+        "<= 2.8e-7 of max|w|")),
+    "cq/fwht": Rule(6e-7, why=(
+        "float32 mixed-radix fast Walsh-Hadamard vs the float64 matrix product (and applied "
+        "twice vs the identity): measured <= 2.1e-7")),
+    "cq/distortion": Rule(0.03, scale="elementwise", why=(
+        "relative MSE of CQ on 256x1024 Gaussian weights vs spec §e.1 (0.116, 0.034, 0.0093; "
+        "ternary 0.190, the analytic 3-level fit): measured within 0.9%")),
+}

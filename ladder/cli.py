@@ -1,0 +1,331 @@
+"""`python -m ladder run | locate | report | regen | rules`: the port beside the reference.
+
+run     both sides over a seeded prompt and decode steps past the window; prints the
+        tolerance table (per point, its worst step) and the first divergence.
+locate  the same, then the first divergence bisected inside its layer, with local
+        (injected) vs propagated error.
+report  the same, written as markdown, CSV and a self-contained HTML page.
+regen   (re)write the forward-parity fixture (tools/gen_v2_forward_parity.py calls this).
+rules   print the default tolerance rules as TOML/JSON, a starting point for --rules.
+
+Exit status: 0 every point passes, 1 divergence, 2 bad input (the message names it).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+from . import fixtures
+from .capture import capture_port, capture_reference
+from .compare import CompareError, compare_ladders
+from .progress import bar
+from .rules import DEFAULT_RULES, RulesError, dump_rules, load_rules
+from .trace import TraceError
+
+DEFAULT_PROMPT, DEFAULT_STEPS = 6, 12
+
+
+class LadderInputError(ValueError):
+    """A command-line value the ladder refuses (names the value and the limit)."""
+
+
+def _input_errors() -> tuple:
+    from port.model import StepError
+    from port.state import StateError
+    from reference.config import ConfigError
+    from reference.decode import DecodeInputError
+    from reference.params import ParamsError
+    errs = [LadderInputError, ConfigError, ParamsError, DecodeInputError, StepError,
+            StateError, RulesError, CompareError, fixtures.FixtureError, OSError]
+    for mod, name in (("reference.cact", "CactFormatError"), ("port.cq", "CqError")):
+        try:
+            errs.append(getattr(__import__(mod, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errs)
+
+
+def load_model(args):
+    """(params, cfg, params_source, CactFile or None) from --params / --cact / --preset."""
+    from reference.config import V2Config
+    from reference.params import init_params, load_params
+    if args.params and args.cact:
+        raise LadderInputError("give one of --params and --cact, not both")
+    f = None
+    if args.params:
+        params, cfg = load_params(args.params)
+        src = {"source": "params", "file": os.path.basename(args.params)}
+    elif args.cact:
+        from reference.cact import read_cact
+        f = read_cact(args.cact)
+        params, cfg = f.params, f.config
+        src = {"source": "cact", "file": os.path.basename(args.cact)}
+    else:
+        cfg = V2Config.preset(args.preset)
+        params = init_params(cfg, args.seed, perturbed=True)
+        src = {"source": "init", "preset": args.preset, "seed": args.seed, "perturbed": True}
+    params = {k: v.float() for k, v in params.items()}
+    src["sha256"] = fixtures.params_sha256(params)
+    return params, cfg, src, f
+
+
+def build_port(params, cfg, cactfile, args):
+    """(reference params, port model, weight form). With CQ weights the port computes from
+    the codes and the reference runs on the exactly dequantised weights: the same model."""
+    from port.model import V2Model
+    weights = args.weights or ("cq" if cactfile is not None else "dense")
+    where = f"--weights {weights} --device {args.device}"
+    try:
+        dev = torch.device(args.device)
+    except RuntimeError as e:
+        raise LadderInputError(f"--device {args.device}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise LadderInputError(f"--device {args.device}: torch.cuda.is_available() is False "
+                               f"(torch {torch.__version__})")
+    try:
+        if weights == "dense":
+            return params, V2Model.from_params(params, cfg, weights="dense",
+                                               device=args.device), weights
+        if not hasattr(V2Model, "from_cactfile"):
+            raise LadderInputError(f"{where}: this port has no V2Model.from_cactfile")
+        if cactfile is None:
+            from reference.cact import build_cact
+            cactfile = build_cact(params, cfg, args.bits_map)
+        ref = {k: v.float() for k, v in cactfile.params.items()}
+        return ref, V2Model.from_cactfile(cactfile, weights, args.device), weights
+    except LadderInputError:
+        raise
+    except (ValueError, RuntimeError) as e:
+        raise LadderInputError(f"{where}: {e}") from None
+
+
+def _schedule(args, cfg):
+    n = args.prompt_len + args.steps
+    if args.prompt_len < 1:
+        raise LadderInputError(f"--prompt-len {args.prompt_len} must be >= 1")
+    if args.steps < 0:
+        raise LadderInputError(f"--steps {args.steps} must be >= 0")
+    if n > cfg.max_seq_len:
+        raise LadderInputError(f"--prompt-len + --steps = {n} exceeds max_seq_len="
+                               f"{cfg.max_seq_len}")
+    return fixtures.seeded_tokens(cfg, n, args.seed), args.prompt_len
+
+
+def compare_run(args, out=print):
+    """Everything `run`, `locate` and `report` share: (comparison, ladders, model, info)."""
+    torch.manual_seed(args.seed)
+    rules = load_rules(args.rules) if args.rules else DEFAULT_RULES
+    params, cfg, src, cactfile = load_model(args)
+    t0 = time.perf_counter()
+    if args.fixture:
+        fx = fixtures.load(args.fixture)
+        fixtures.check_geometry(fx, cfg)
+        params = fixtures.fixture_params(fx, None if src["source"] == "init" else params)
+        if (args.weights or "dense") != "dense" and cactfile is None:
+            raise LadderInputError(f"--weights {args.weights} quantises the parameters, but "
+                                   f"the fixture holds the reference on them unquantised; "
+                                   f"compare live (drop --fixture) or use a .cact fixture")
+        tokens, prompt, window = fx.tokens, fx.prompt_len, fx.window
+    else:
+        tokens, prompt = _schedule(args, cfg)
+        window = cfg.kv_window if args.window is None else args.window
+    params, model, weights = build_port(params, cfg, cactfile, args)
+    n = len(tokens)
+    out(f"needle-parity ladder: port ({weights}, {args.device}) vs "
+        f"{'fixture ' + args.fixture if args.fixture else 'reference (float32)'}")
+    out(f"model: {src['source']} {src.get('preset', src.get('file', ''))} d={cfg.d_model} "
+        f"L={cfg.num_layers} H={cfg.num_heads}/{cfg.num_kv_heads} vocab={cfg.vocab_size} "
+        f"Engram layers {list(cfg.engram_layers)} window={window}")
+    wraps = f", the ring wraps at {window}" if window and n > window else \
+        (f"; note: {n} positions never fill the window of {window}" if window else "")
+    out(f"schedule: prompt {prompt} + {n - prompt} decode steps = {n} positions{wraps}")
+    check = not args.no_check_plain
+    with bar(2 * n, "capturing") as pb:
+        ta = time.perf_counter()
+        if args.fixture:
+            ref = fx.ladder
+            ref32 = capture_reference(params, cfg, tokens, prompt, window=window,
+                                      check_plain=check, progress=pb, label="reference")
+        else:
+            ref = ref32 = capture_reference(params, cfg, tokens, prompt, window=window,
+                                            check_plain=check, progress=pb, label="reference")
+        tb = time.perf_counter()
+        port = capture_port(model, tokens, prompt, window=window, check_plain=check,
+                            progress=pb, label="port")
+        tc = time.perf_counter()
+    if check:
+        out("tracing changes no bit: reference traced == plain forward_cached; port "
+            "step_traced == prefill_batch + step (logits and caches, torch.equal)")
+    cmp = compare_ladders(port, ref, rules, prefix="port", b_label=ref.label)
+    extra = []
+    if args.fixture:
+        extra = [compare_ladders(ref32, ref, rules, prefix="arbiter", a_label="reference f32")]
+    td = time.perf_counter()
+    info = {"model": f"{src['source']} {src.get('preset', src.get('file', ''))}",
+            "port weights": f"{weights} on {args.device}",
+            "params sha256": src["sha256"][:16], "seed": args.seed,
+            "schedule": f"prompt {prompt} + {n - prompt} steps, window {window}",
+            "rules": rules.source, "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "timing": f"reference {tb - ta:.2f} s, port {tc - tb:.2f} s, compare "
+                      f"{td - tc:.2f} s, total {td - t0:.2f} s"}
+    return cmp, extra, port, ref, model, window, info
+
+
+def _print_table(cmp, args, out):
+    from .table import summary, to_text
+    df = cmp.to_frame()
+    if args.per_step:
+        shown = df if args.fine else df[df["coarse"]]
+    else:
+        shown = summary(df, coarse_only=not args.fine)
+    out("")
+    out(to_text(shown))
+    if not args.fine:
+        out(f"(coarse ladder; {len(df['point'].unique())} points in all: --fine shows them, "
+            f"--per-step every step)")
+
+
+def cmd_run(args, out=print) -> int:
+    cmp, extra, *_, info = compare_run(args, out)
+    _print_table(cmp, args, out)
+    out("")
+    out(str(cmp))
+    for c in extra:
+        out(str(c))
+    out(f"{info['timing']}; torch {info['torch']}, {info['threads']} threads")
+    ok = cmp.passed and all(c.passed for c in extra)
+    if not ok:
+        out("divergence: `python -m ladder locate` (same options) bisects it and splits "
+            "local from propagated error")
+    return 0 if ok else 1
+
+
+def cmd_locate(args, out=print) -> int:
+    from .locate import locate
+    cmp, extra, port, ref, model, window, info = compare_run(args, out)
+    out("")
+    out(str(cmp))
+    loc = locate(cmp, port=port, ref=ref, model=model, window=window)
+    out("")
+    out(str(loc) if loc is not None else "no divergence: every point passes its rule")
+    bad = [c for c in extra if not c.passed]
+    for c in bad:
+        out(str(c))
+    return 0 if loc is None and not bad else 1
+
+
+def cmd_report(args, out=print) -> int:
+    from .locate import locate
+    from .report import write_report
+    cmp, extra, port, ref, model, window, info = compare_run(args, out)
+    loc = locate(cmp, port=port, ref=ref, model=model, window=window)
+    paths = write_report(cmp, args.out, loc, info, stem=args.stem, plot_backend=args.plot)
+    out(str(cmp))
+    for ext, p in paths.items():
+        out(f"wrote {p} ({os.path.getsize(p)} bytes)")
+    return 0 if cmp.passed and all(c.passed for c in extra) else 1
+
+
+def cmd_regen(args, out=print) -> int:
+    params, cfg, src, _ = load_model(args)
+    tokens, prompt = _schedule(args, cfg)
+    with bar(2 * len(tokens), "reference f64 + f32") as pb:
+        tensors, manifest = fixtures.build(params, cfg, tokens, prompt, params_source=src,
+                                           seed=args.seed, window=args.window, progress=pb)
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    out(f"fixture: {len(manifest['ladder_order'])} ladder tensors over {len(tokens)} positions, "
+        f"{size / 1e6:.2f} MB of values")
+    if args.check:
+        with tempfile.TemporaryDirectory() as tmp:
+            new = fixtures.write(os.path.join(tmp, "fx"), tensors, manifest)
+            same = all(_same_bytes(n, f"{args.out}{ext}")
+                       for n, ext in zip(new, (".safetensors", ".json")))
+        out(f"{args.out}.*: " + ("byte-identical to a fresh regeneration" if same
+                                  else "DIFFER from a fresh regeneration"))
+        return 0 if same else 1
+    for p in fixtures.write(args.out, tensors, manifest):
+        out(f"wrote {p} ({os.path.getsize(p)} bytes)")
+    return 0
+
+
+def _same_bytes(a, b) -> bool:
+    if not os.path.exists(b):
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        return fa.read() == fb.read()
+
+
+def cmd_rules(args, out=print) -> int:
+    rs = load_rules(args.rules) if args.rules else DEFAULT_RULES
+    out(dump_rules(rs, args.format).rstrip("\n"))
+    return 0
+
+
+def _model_args(p, regen=False):
+    p.add_argument("--preset", default="tiny", choices=["tiny", "shipped"])
+    p.add_argument("--params", help="safetensors parameter file (config in its metadata)")
+    p.add_argument("--cact", help=".cact checkpoint (dequantised to float32 for both sides)")
+    p.add_argument("--seed", type=int, default=0, help="parameter init and token seed")
+    p.add_argument("--prompt-len", type=int, default=DEFAULT_PROMPT)
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="one-token decode steps")
+    p.add_argument("--window", type=int, default=None, help="attention window (default: config)")
+    if regen:
+        return
+    p.add_argument("--rules", help="tolerance rules file (.toml or .json; see `ladder rules`)")
+    p.add_argument("--weights", default=None,
+                   help="port weight form: dense (float32) or cq (Cactus-Quants codes; the "
+                        "reference then runs on the dequantised weights). Default: cq for "
+                        "--cact, else dense")
+    p.add_argument("--bits-map", default="embedding=4,mhc=4,default=2",
+                   help="CQ widths when --weights cq quantises --params/--preset weights")
+    p.add_argument("--device", default="cpu", help="port device (the reference runs on CPU)")
+    p.add_argument("--fixture", help="compare against this fixture stem instead of running the "
+                                     "reference live (its tokens and schedule win)")
+    p.add_argument("--no-check-plain", action="store_true",
+                   help="skip proving that tracing changes no bit (saves a third run)")
+    p.add_argument("--fine", action="store_true", help="print every point, not the coarse ladder")
+    p.add_argument("--per-step", action="store_true", help="print one row per (step, point)")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m ladder", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, helptext in (("run", "port beside reference: tolerance table, first divergence"),
+                           ("locate", "bisect the first divergence; local vs propagated error"),
+                           ("report", "write markdown, CSV and HTML reports")):
+        p = sub.add_parser(name, help=helptext)
+        _model_args(p)
+        if name == "report":
+            p.add_argument("--out", default="ladder-report", help="output directory")
+            p.add_argument("--stem", default="ladder", help="file name stem")
+            p.add_argument("--plot", default="auto", choices=["auto", "svg", "png"],
+                           help="figure format (auto: PNG via matplotlib if installed)")
+    p = sub.add_parser("regen", help="regenerate the forward-parity fixture")
+    _model_args(p, regen=True)
+    p.add_argument("--out", default=fixtures.DEFAULT_STEM, help="fixture path stem")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 unless the existing files regenerate byte for byte")
+    p = sub.add_parser("rules", help="print the tolerance rules (default or --rules FILE)")
+    p.add_argument("--rules")
+    p.add_argument("--format", default="toml", choices=["toml", "json"])
+    return ap
+
+
+def main(argv=None, out=print) -> int:
+    args = parser().parse_args(argv)
+    cmd = {"run": cmd_run, "locate": cmd_locate, "report": cmd_report, "regen": cmd_regen,
+           "rules": cmd_rules}[args.cmd]
+    try:
+        return cmd(args, out)
+    except TraceError as e:
+        print(f"divergence: {e}", file=sys.stderr)
+        return 1
+    except _input_errors() as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

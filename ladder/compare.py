@@ -1,0 +1,315 @@
+"""Compare two ladders point by point (DESIGN.md "Comparison rules").
+
+Per point: max |a-b|, max relative error with a floored denominator, ULP distance in the
+compared dtype, cosine similarity, SQNR in dB, mismatch fraction, NaN/Inf counts each way,
+and the rule's statistic as a fraction of its allowance. A point passes when every position
+of the step passes its rule (positions are judged one by one, so a prefill position and a
+decode position get the same bound). Logits also get argmax and top-k agreement with a
+near-tie margin, and KL divergence. NaN or Inf is a failing point, never an exception.
+
+`a` is the candidate (the port), `b` the reference whose magnitudes scale the bounds.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .rules import DEFAULT_RULES, Rule, RuleSet
+from .trace import Ladder, TAIL, is_coarse, layer_of
+
+
+class CompareError(ValueError):
+    """Two ladders that cannot be compared (different schedules): bad input, not divergence."""
+
+
+@dataclass(frozen=True)
+class PointResult:
+    step: str
+    point: str
+    shape: tuple
+    max_abs: float
+    max_rel: float
+    ulp: float
+    cosine: float
+    sqnr_db: float
+    mismatch: float
+    nan_a: int
+    nan_b: int
+    inf_a: int
+    inf_b: int
+    pattern: str
+    rule: Rule
+    error: float               # worst position's rule statistic / allowance (pass: <= 1)
+    passed: bool
+    worst_pos: int             # absolute position of the largest error
+    first_bad_pos: int | None  # first absolute position that fails
+    note: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.step}/{self.point}"
+
+    @property
+    def layer(self):
+        return layer_of(self.point)
+
+    @property
+    def coarse(self) -> bool:
+        return is_coarse(self.point)
+
+    def __str__(self):
+        flag = "pass" if self.passed else "FAIL"
+        s = (f"{self.key:22s} {flag}  err {self.error:9.3g} of allowance  max|a-b| "
+             f"{self.max_abs:9.3g}  rel {self.max_rel:9.3g}  ulp {self.ulp:8.3g}  "
+             f"1-cos {1 - self.cosine:8.2g}  [{self.pattern}: {self.rule.describe()}]")
+        if not self.passed and self.first_bad_pos is not None:
+            s += f"  first failing position {self.first_bad_pos}"
+        return s + (f"  ({self.note})" if self.note else "")
+
+
+@dataclass(frozen=True)
+class LogitsResult:
+    step: str
+    pos: int
+    argmax_a: int
+    argmax_b: int
+    near_tie: bool             # argmaxes differ, but within the tie margin in the reference
+    topk_agree: bool           # top-k sets equal up to near ties at the k-th boundary
+    kl: float                  # KL(softmax(b) || softmax(a)), nats
+    kl_bound: float            # allowance²/2 (Hoeffding): implied by the logits rule
+    passed: bool
+
+    @property
+    def argmax_agree(self) -> bool:
+        return self.argmax_a == self.argmax_b
+
+
+def _ordered(x: np.ndarray) -> np.ndarray:
+    """Float bits as integers that count ULPs monotonically across zero (as float64)."""
+    i = x.view(np.int64 if x.dtype == np.float64 else np.int32).astype(np.int64)
+    mask = 0x7FFFFFFFFFFFFFFF if x.dtype == np.float64 else 0x7FFFFFFF
+    return np.where(i < 0, -(i & mask), i).astype(np.float64)
+
+
+def metrics(a, b, rel_floor: float) -> dict:
+    """Every statistic of one point over its [S, ...] values (no pass/fail). numpy: these
+    are hundreds of tiny arrays, where torch's per-op overhead dominates."""
+    cmp = np.float64 if a.dtype == b.dtype == torch.float64 else np.float32
+    an, bn = a.detach().cpu().numpy().reshape(-1), b.detach().cpu().numpy().reshape(-1)
+    a64, b64 = an.astype(np.float64), bn.astype(np.float64)
+    both = np.isfinite(a64) & np.isfinite(b64)
+    out = dict(nan_a=int(np.isnan(a64).sum()), nan_b=int(np.isnan(b64).sum()),
+               inf_a=int(np.isinf(a64).sum()), inf_b=int(np.isinf(b64).sum()))
+    allfin = bool(both.all())
+    x, y = (a64, b64) if allfin else (a64[both], b64[both])
+    if not x.size:
+        return dict(out, max_abs=0.0, max_rel=0.0, ulp=0.0, cosine=math.nan, sqnr_db=math.nan)
+    d = np.abs(x - y)
+    ay = np.abs(y)
+    ymax = float(ay.max())
+    out["max_abs"] = float(d.max())
+    out["max_rel"] = float((d / np.maximum(ay, max(rel_floor * ymax, 1e-300))).max())
+    ca, cb = an.astype(cmp), bn.astype(cmp)
+    if not allfin:
+        ca, cb = ca[both], cb[both]
+    out["ulp"] = float(np.abs(_ordered(ca) - _ordered(cb)).max())
+    na, nb = float(np.sqrt(x @ x)), float(np.sqrt(y @ y))
+    if na == 0 or nb == 0:
+        out["cosine"] = 1.0 if na == nb else 0.0
+    else:                   # clamped: rounding can carry a near-parallel pair past 1
+        out["cosine"] = min(1.0, max(-1.0, float(x @ y) / (na * nb)))
+    sig, noise = float(y @ y), float(d @ d)
+    out["sqnr_db"] = math.inf if noise == 0 else (-math.inf if sig == 0
+                                                  else 10 * math.log10(sig / noise))
+    if not allfin:                 # a statistic over the finite part alone would flatter
+        out["cosine"] = out["sqnr_db"] = math.nan
+    return out
+
+
+def compare_point(step: str, point: str, a, b, pattern: str, rule: Rule, rel_floor: float,
+                  pos0: int = 0) -> PointResult:
+    """One point of one step: a, b are [S, ...]; position j is absolute position pos0 + j."""
+    if a.shape != b.shape:
+        return _missing(step, point, tuple(b.shape), pattern, rule,
+                        f"shape {list(a.shape)} vs reference {list(b.shape)}")
+    m = metrics(a, b, rel_floor)
+    ratios = rule.position_ratios(a, b)
+    errs = rule.position_errors(a, b, ratios)
+    bad = int((ratios > 1).sum())
+    worst = max(range(len(errs)), key=lambda j: errs[j]) if errs else 0
+    first_bad = next((j for j, e in enumerate(errs) if not e <= 1.0), None)
+    error = max(errs) if errs else 0.0
+    nonfinite = m["nan_a"] + m["nan_b"] + m["inf_a"] + m["inf_b"]
+    return PointResult(step, point, tuple(a.shape), m["max_abs"], m["max_rel"], m["ulp"],
+                       m["cosine"], m["sqnr_db"], bad / max(a.numel(), 1), m["nan_a"],
+                       m["nan_b"], m["inf_a"], m["inf_b"], pattern, rule, error,
+                       error <= 1.0, pos0 + worst,
+                       None if first_bad is None else pos0 + first_bad,
+                       "NaN/Inf in a capture" if nonfinite else "")
+
+
+def _missing(step, point, shape, pattern, rule, note) -> PointResult:
+    nan = math.nan
+    return PointResult(step, point, shape, nan, nan, nan, nan, nan, 1.0, 0, 0, 0, 0, pattern,
+                       rule, math.inf, False, -1, None, note)
+
+
+def compare_logits(step: str, pos: int, a, b, rule: Rule, ruleset: RuleSet) -> LogitsResult:
+    """Argmax/top-k agreement and KL for one position's logits [V]."""
+    a64, b64 = a.double(), b.double()
+    if not (torch.isfinite(a64).all() and torch.isfinite(b64).all()):
+        return LogitsResult(step, pos, -1, -1, False, False, math.nan, 0.0, False)
+    scale = b64.abs().max() if rule.scale == "maxabs" else b64.abs()
+    allow = (rule.atol + rule.rtol * scale) * torch.ones_like(b64)
+    tie = ruleset.logits.tie_factor / 2
+    ia, ib = int(a64.argmax()), int(b64.argmax())
+    near = ia != ib and float(b64[ib] - b64[ia]) <= tie * float(allow[ia] + allow[ib])
+    k = min(ruleset.logits.topk, b64.numel())
+    ta, tb = set(a64.topk(k).indices.tolist()), set(b64.topk(k).indices.tolist())
+    kth = float(b64.topk(k).values[-1])
+    topk_ok = all(abs(float(b64[i]) - kth) <= 2 * tie * float(allow[i]) for i in ta ^ tb)
+    lp, lq = torch.log_softmax(b64, -1), torch.log_softmax(a64, -1)
+    kl = max(float((lp.exp() * (lp - lq)).sum()), 0.0)
+    bound = float(allow.max()) ** 2 / 2
+    ok = (ia == ib or near) and topk_ok and kl <= bound
+    return LogitsResult(step, pos, ia, ib, near, topk_ok, kl, bound, ok)
+
+
+def _merged_order(a: Ladder, b: Ladder, step: str) -> list:
+    """The reference's points in its order, with points only the candidate traces inserted
+    after the last common point before them in the candidate's order."""
+    order = list(b.points(step))
+    have = set(order)
+    last = None
+    for p in a.points(step):
+        if p in have:
+            last = p
+        else:
+            order.insert(order.index(last) + 1 if last is not None else 0, p)
+            have.add(p)
+            last = p
+    return order
+
+
+@dataclass
+class Comparison:
+    rows: list
+    logits: list
+    rules: RuleSet
+    prefix: str
+    a_label: str
+    b_label: str
+    steps: list = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.rows)
+
+    @property
+    def failures(self) -> list:
+        return [r for r in self.rows if not r.passed]
+
+    @property
+    def first(self):
+        """The first divergence: the earliest failing point in ladder order (or None)."""
+        return next((r for r in self.rows if not r.passed), None)
+
+    @property
+    def first_coarse(self):
+        return next((r for r in self.rows if not r.passed and r.coarse), None)
+
+    def row(self, step: str, point: str) -> PointResult:
+        for r in self.rows:
+            if r.step == step and r.point == point:
+                return r
+        raise KeyError(f"no row {step}/{point}")
+
+    def worst(self):
+        finite = [r for r in self.rows if math.isfinite(r.error)]
+        return max(finite or self.rows, key=lambda r: r.error) if self.rows else None
+
+    def to_frame(self):
+        from .table import frame
+        return frame(self)
+
+    def __str__(self):
+        n_fail = len(self.failures)
+        lines = [f"{self.a_label} vs {self.b_label}: {len(self.rows)} points over "
+                 f"{len(self.steps)} steps, {n_fail} failing "
+                 f"({'PASS' if not n_fail else 'DIVERGENCE'})"]
+        w = self.worst()
+        if w is not None:
+            lines.append(f"  worst:  {w}")
+        if self.first is not None:
+            lines.append(f"  first divergence: {self.first}")
+        if self.logits:
+            agree = sum(r.argmax_agree for r in self.logits)
+            ties = sum(r.near_tie for r in self.logits)
+            topk = sum(r.topk_agree for r in self.logits)
+            kl = max((r.kl for r in self.logits), default=0.0)
+            lines.append(f"  logits: argmax {agree}/{len(self.logits)} agree ({ties} near "
+                         f"ties), top-{self.rules.logits.topk} {topk}/{len(self.logits)}, "
+                         f"max KL {kl:.3g} nats")
+        return "\n".join(lines)
+
+
+def as_ruleset(rules) -> RuleSet:
+    return rules if isinstance(rules, RuleSet) else RuleSet(rules=dict(rules))
+
+
+def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "port",
+                    a_label=None, b_label=None) -> Comparison:
+    """Every (step, point) of `a` against `b` under rules matched on `{prefix}/{point}`."""
+    rs = as_ruleset(rules)
+    if [(s.name, s.pos, tuple(s.tokens)) for s in a.steps] != \
+            [(s.name, s.pos, tuple(s.tokens)) for s in b.steps]:
+        raise CompareError(f"ladders {a.label!r} and {b.label!r} come from different token "
+                           f"schedules; compare runs of the same tokens")
+    rows, logit_rows = [], []
+    for st in b.steps:
+        for point in _merged_order(a, b, st.name):
+            key = f"{st.name}/{point}"
+            pattern = rs.pattern_for(f"{prefix}/{point}")
+            rule = rs.rules[pattern]
+            if key not in a or key not in b:
+                side = a.label if key not in a else b.label
+                shape = tuple((b if key in b else a)[key].shape)
+                rows.append(_missing(st.name, point, shape, pattern, rule,
+                                     f"not traced by {side}"))
+                continue
+            row = compare_point(st.name, point, a[key], b[key], pattern, rule, rs.rel_floor,
+                                st.pos)
+            if point == TAIL[-1] and a[key].shape == b[key].shape:
+                res = [compare_logits(st.name, st.pos + j, a[key][j], b[key][j], rule, rs)
+                       for j in range(a[key].shape[0])]
+                logit_rows += res
+                bad = [r for r in res if not r.passed]
+                if bad and row.passed:        # only a looser custom rule lets this happen
+                    row = _with(row, False, bad[0].pos,
+                                f"argmax/top-k/KL check failed at position {bad[0].pos}")
+            rows.append(row)
+    return Comparison(rows, logit_rows, rs, prefix, a_label or a.label, b_label or b.label,
+                      list(b.steps))
+
+
+def _with(row: PointResult, passed: bool, first_bad, note: str) -> PointResult:
+    from dataclasses import replace
+    return replace(row, passed=passed, first_bad_pos=first_bad, note=note)
+
+
+def first_bit_difference(a: Ladder, b: Ladder):
+    """(step, point, absolute position) of the first value that is not bit-identical, in
+    `b`'s ladder order; None when the ladders are equal bit for bit. The oracle for
+    "where does a change first show" that involves no tolerance at all."""
+    for st in b.steps:
+        for point in _merged_order(a, b, st.name):
+            key = f"{st.name}/{point}"
+            if key not in a or key not in b or a[key].shape != b[key].shape:
+                return st.name, point, st.pos
+            for j in range(a[key].shape[0]):
+                if not torch.equal(a[key][j], b[key][j]):
+                    return st.name, point, st.pos + j
+    return None

@@ -1,0 +1,206 @@
+"""Planted faults: known bugs switched into the port from the ladder side, for tests only.
+
+Each fault is a context manager that monkeypatches port internals (module globals, V2Model
+methods) and restores them on exit; nothing under port/ is edited. Where a bug lives inside
+the body of `V2Model._layer`, the fault recompiles that method from its own source with one
+line changed (a mutation): if the port's source moves on, the fault refuses with the text it
+looked for, instead of silently planting nothing.
+
+Every fault declares the capture point it touches first and the first position where it can
+show. tests/test_ladder_faults.py checks the declaration bit for bit (clean port vs faulty
+port: the first point that differs at all) and then that `locate` (faulty port vs the
+reference, under the tolerance rules) names exactly that point.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Callable
+
+import port.model as pm
+from port.model import V2Model
+
+
+class FaultError(RuntimeError):
+    """A fault that cannot be planted in this port (names the fault and what it needs)."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    what: str
+    plant: Callable          # (**kw) -> context manager
+    touches: Callable        # cfg -> (point, earliest absolute position it can show at)
+    exact: bool = True       # it shows at exactly that position (False: data may hide it
+                             # there, as a converged Sinkhorn hides one missing iteration)
+    weights: str = "dense"   # the port weight form the fault lives in
+    at_load: bool = False    # acts while the model is built: plant it before from_params
+    requires: Callable = lambda: ""     # () -> what this port lacks for it ("" if nothing)
+
+    @property
+    def needs(self) -> str:
+        return self.requires()
+
+    @property
+    def available(self) -> bool:
+        return not self.needs
+
+
+@contextlib.contextmanager
+def _patched(obj, attr, value):
+    old = getattr(obj, attr)
+    setattr(obj, attr, value)
+    try:
+        yield
+    finally:
+        setattr(obj, attr, old)
+
+
+def _mutated_layer(fault: str, old: str, new: str):
+    """V2Model._layer recompiled with `old` replaced by `new` (exactly one occurrence)."""
+    src = textwrap.dedent(inspect.getsource(V2Model._layer))
+    if src.count(old) != 1:
+        raise FaultError(f"fault {fault}: expected exactly one {old!r} in V2Model._layer, "
+                         f"found {src.count(old)}; the port changed, update the fault")
+    code = compile(src.replace(old, new), f"<fault {fault}: port/model.py V2Model._layer>",
+                   "exec")
+    ns: dict = {}
+    exec(code, pm.__dict__, ns)            # the port's own globals: later patches still apply
+    return ns["_layer"]
+
+
+def sinkhorn_iters(iters: int = 19):
+    orig = pm.log_sinkhorn
+    return _patched(pm, "log_sinkhorn", lambda z, _iters=20: orig(z, iters))
+
+
+def rope_shift(layer: int = 3, shift: int = 1):
+    """RoPE applied at pos+shift in one layer (q and k both)."""
+    orig = V2Model._layer
+
+    def _layer(self, i, X, eng, state, pos0, cos, sin, trace=None):
+        if i == layer:
+            m, L = X.shape[0], self.w["cos"].shape[0]
+            idx = [(pos0 + r + shift) % L for r in range(m)]
+            cos, sin = self.w["cos"][idx, None, :], self.w["sin"][idx, None, :]
+        return orig(self, i, X, eng, state, pos0, cos, sin, trace)
+    return _patched(V2Model, "_layer", _layer)
+
+
+def window_off_by_one(delta: int = -1):
+    """Attend to kv_window+delta positions (delta=-1: the oldest key of a full window lost)."""
+    orig = V2Model._attend
+
+    def _attend(self, i, q, k, v, state, pos):
+        w = state.window
+        if not w or w + delta < 1:
+            return orig(self, i, q, k, v, state, pos)
+        state.window = w + delta
+        try:
+            return orig(self, i, q, k, v, state, pos)
+        finally:
+            state.window = w
+    return _patched(V2Model, "_attend", _attend)
+
+
+def hash_seed(xor: int = 1):
+    return _patched(pm, "SEED", pm.SEED ^ xor)
+
+
+def y_minus_bx():
+    return _patched(V2Model, "_layer", _mutated_layer("y_minus_bx", "y = z + mo - u",
+                                                      "y = z + mo - bx"))
+
+
+def attn_gate_skipped():
+    return _patched(V2Model, "_layer", _mutated_layer("attn_gate_skipped", "(o * gate,", "(o,"))
+
+
+def residual_gate_skipped():
+    return _patched(V2Model, "_layer", _mutated_layer(
+        "residual_gate_skipped", 'z = bx + w["attn_gate"][i] * ap', "z = bx + ap"))
+
+
+def _cq_missing() -> str:
+    try:
+        from port.cq import CqWeight
+    except ImportError:
+        return "the port has no CQ weights (no port.cq.CqWeight)"
+    if not hasattr(CqWeight, "_prerotation") or not hasattr(V2Model, "from_cactfile"):
+        return ("port.cq.CqWeight._prerotation (where norms scale the codes) or "
+                "V2Model.from_cactfile is gone: the fault needs updating")
+    return ""
+
+
+def _as_f32(norms):
+    """float16 norms as a reader that takes them for float32 sees them: element i is the 4
+    bytes at offset 4i, i.e. fp16 elements 2i and 2i+1 glued together (zeros past the end,
+    where a real reader would run into the next blob)."""
+    import torch
+    h = norms.reshape(-1).view(torch.int16).to(torch.int64) & 0xFFFF
+    h = torch.cat([h, torch.zeros(h.numel(), dtype=torch.int64)])
+    words = h[0::2][:norms.numel()] | (h[1::2][:norms.numel()] << 16)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return words.view(torch.float32).reshape(norms.shape)
+
+
+def cq_norms_f32():
+    """The CQ group norms (float16 in the file) read as float32 when the port expands its
+    codes; acts at model load (CqWeight builds its rows then), dense compute form."""
+    missing = _cq_missing()
+    if missing:
+        raise FaultError(f"fault cq_norms_f32: {missing}")
+    from port.cq import CqWeight
+    orig = CqWeight._prerotation
+
+    def _prerotation(self, r0, r1):
+        real = self.norms
+        self.norms = _as_f32(real)
+        try:
+            return orig(self, r0, r1)
+        finally:
+            self.norms = real
+    return _patched(CqWeight, "_prerotation", _prerotation)
+
+
+def _first_engram_row(cfg) -> int:
+    """The first position with an in-range n-gram: min order - 1. Before it every n-gram
+    reaches before position 0 and is masked, so Engram keys and values are exactly zero
+    there (whatever the seed) and bx == u even on Engram layers."""
+    return min(cfg.engram_orders) - 1
+
+
+FAULTS = {f.name: f for f in (
+    Fault("sinkhorn_19", "19 log-domain Sinkhorn iterations instead of 20",
+          sinkhorn_iters, lambda cfg: ("L00.hres", 0), exact=False),
+    Fault("rope_pos_plus_1", "RoPE applied at pos+1 in layer 3 (q and k)",
+          rope_shift, lambda cfg: ("L03.q", 0)),
+    Fault("y_minus_bx", "y = block - bx instead of block - u (differs on Engram layers only)",
+          y_minus_bx,
+          lambda cfg: (f"L{min(cfg.engram_layers):02d}.y", _first_engram_row(cfg))),
+    Fault("window_off_by_one", "attention window one position short",
+          window_off_by_one, lambda cfg: ("L00.attn", cfg.kv_window - 1)),
+    Fault("engram_hash_seed", "Engram hash seed 0x9E3779B8 instead of 0x9E3779B9",
+          hash_seed, lambda cfg: ("engram_k0", _first_engram_row(cfg))),
+    Fault("attn_gate_skipped", "attention output gate (sigmoid(gate_proj)) skipped",
+          attn_gate_skipped, lambda cfg: ("L00.attn_out", 0)),
+    Fault("residual_gate_skipped", "sigmoid(attn_gate) on the attention residual skipped",
+          residual_gate_skipped, lambda cfg: ("L00.mlp_in", 0)),
+    # The Engram key projection is the first CQ product in forward order (the embedding row
+    # is a lookup of the dequantised table, the same on both sides).
+    Fault("cq_norms_f32", "CQ group norms (float16 in the file) read as float32",
+          cq_norms_f32, lambda cfg: ("engram_k0", _first_engram_row(cfg)), weights="cq",
+          at_load=True, requires=_cq_missing),
+)}
+
+
+def planted(name: str, **kw):
+    """`with planted("sinkhorn_19"): ...` runs the port with that fault."""
+    if name not in FAULTS:
+        raise KeyError(f"no fault {name!r}; known: {sorted(FAULTS)}")
+    fault = FAULTS[name]
+    if not fault.available:
+        raise FaultError(f"fault {name} cannot be planted: {fault.needs}")
+    return fault.plant(**kw)

@@ -1,0 +1,271 @@
+"""Forward-parity fixtures: a reference ladder frozen as safetensors + a JSON manifest.
+
+The ladder is the reference run in float64 (the arbiter) rounded once to float32. float32
+results depend on which BLAS kernel a CPU picks, so a float32 fixture would not regenerate
+byte for byte on another machine; float64 rounded to float32 does (a float64 difference of
+1e-16 relative almost never crosses a float32 rounding boundary), and it is the better
+yardstick besides: both the port and the float32 reference are judged against it.
+
+Manifest: schema_version, generator, torch_version, config (geometry), params (source, seed,
+sha256), seed, schedule (prompt_len, tokens, kv_window, steps), ladder_order, per-tensor
+sha256. Reading checks every field and names the one that is wrong; the safetensors framing
+is checked before anything is allocated (reference.params.read_safetensors_header), and
+every tensor against its sha256.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+from reference.config import ConfigError, V2Config
+from reference.params import ParamsError, init_params, load_safetensors
+from .trace import Ladder, schedule
+
+SCHEMA = 1
+GENERATOR = "tools/gen_v2_forward_parity.py"
+MAX_MANIFEST = 64 * 1024 * 1024
+DEFAULT_STEM = os.path.join("tests", "fixtures", "v2_forward_vectors")
+
+
+class FixtureError(ValueError):
+    """A fixture that is malformed, corrupt, stale, or made for another model (names the field)."""
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    # Flattened first: a "contiguous" tensor may still carry an odd stride on a size-1 axis,
+    # which view(uint8) refuses; the flat copy has stride 1 and the same C-order bytes.
+    flat = t.detach().cpu().reshape(-1).contiguous()
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    return hashlib.sha256(_raw(t)).hexdigest()
+
+
+def params_sha256(params: dict) -> str:
+    """One digest over every parameter: name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(params):
+        t = params[name]
+        h.update(f"{name}|{t.dtype}|{list(t.shape)}|".encode())
+        h.update(_raw(t))
+    return h.hexdigest()
+
+
+def seeded_tokens(cfg: V2Config, n: int, seed: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, cfg.vocab_size, (n,), generator=g).tolist()
+
+
+@dataclass
+class Fixture:
+    cfg: V2Config
+    manifest: dict
+    ladder: Ladder
+    path: str
+
+    @property
+    def tokens(self) -> list:
+        return list(self.manifest["schedule"]["tokens"])
+
+    @property
+    def prompt_len(self) -> int:
+        return self.manifest["schedule"]["prompt_len"]
+
+    @property
+    def window(self) -> int:
+        return self.manifest["schedule"]["kv_window"]
+
+    def __repr__(self):
+        return (f"Fixture({self.path}: {self.cfg.num_layers} layers, d={self.cfg.d_model}, "
+                f"{len(self.tokens)} positions, {len(self.ladder)} points)")
+
+
+def build(params, cfg: V2Config, tokens, prompt_len: int, *, params_source: dict, seed: int,
+          window=None, rules=None, progress=None) -> tuple:
+    """(tensors, manifest), or FixtureError/TraceError before anything exists to write.
+
+    Checks: the traced float64 run equals the plain one bit for bit; the float32 reference
+    agrees with the float64 arbiter under the `arbiter/*` rules."""
+    from .capture import capture_reference
+    from .compare import compare_ladders
+    from .rules import DEFAULT_RULES
+    win = cfg.kv_window if window is None else int(window)
+    p64 = {k: v.double() for k, v in params.items()}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)               # one reduction order, whatever the machine
+    try:
+        lad64 = capture_reference(p64, cfg, tokens, prompt_len, window=win, check_plain=True,
+                                  progress=progress, label="reference float64")
+        lad32 = capture_reference(params, cfg, tokens, prompt_len, window=win,
+                                  check_plain=True, progress=progress, label="reference float32")
+    finally:
+        torch.set_num_threads(threads)
+    arb = Ladder(lad64.steps, {k: v.float() for k, v in lad64.values.items()}, "fixture")
+    cmp = compare_ladders(lad32, arb, rules or DEFAULT_RULES, prefix="arbiter")
+    if not cmp.passed:
+        raise FixtureError(f"the float32 reference disagrees with the float64 arbiter at "
+                           f"{cmp.first.key} (err {cmp.first.error:.3g} of allowance); "
+                           f"nothing written")
+    tensors = {"tokens": torch.tensor([int(t) for t in tokens], dtype=torch.int64)}
+    tensors.update({f"ladder/{k}": v.contiguous() for k, v in arb.values.items()})
+    manifest = {
+        "schema_version": SCHEMA, "generator": GENERATOR,
+        "kind": "needle-parity forward-parity fixture",
+        "values": "reference.decode.forward_cached on float64 parameters, rounded to float32",
+        "torch_version": torch.__version__.split("+")[0],
+        "config": cfg.to_dict(), "params": params_source, "seed": int(seed),
+        "schedule": {"prompt_len": int(prompt_len), "kv_window": win,
+                     "tokens": [int(t) for t in tokens],
+                     "steps": [{"name": s.name, "pos": s.pos, "len": len(s.tokens)}
+                               for s in arb.steps]},
+        "ladder_order": list(arb.values),
+        "sha256": {k: tensor_sha256(v) for k, v in sorted(tensors.items())},
+    }
+    return tensors, manifest
+
+
+def write(stem, tensors: dict, manifest: dict) -> tuple:
+    """Write {stem}.safetensors and {stem}.json (temp files, then renamed into place)."""
+    from safetensors.torch import save_file
+    st_path, js_path = f"{stem}.safetensors", f"{stem}.json"
+    os.makedirs(os.path.dirname(os.path.abspath(st_path)), exist_ok=True)
+    # One metadata key: safetensors keeps metadata in a hash map, so several keys could be
+    # written in any order and the bytes would change between runs.
+    save_file({k: v for k, v in sorted(tensors.items())}, st_path + ".tmp",
+              metadata={"needle_fixture": f"schema {SCHEMA}; manifest: the .json of the same stem"})
+    with open(js_path + ".tmp", "w", encoding="utf-8", newline="\n") as f:
+        f.write(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    os.replace(st_path + ".tmp", st_path)
+    os.replace(js_path + ".tmp", js_path)
+    return st_path, js_path
+
+
+def _need(m: dict, key: str, kind, where: str):
+    if key not in m:
+        raise FixtureError(f"{where}: manifest lacks field {key!r}")
+    v = m[key]
+    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+        raise FixtureError(f"{where}: manifest field {key!r} is {type(v).__name__}, "
+                           f"needs {getattr(kind, '__name__', kind)}")
+    return v
+
+
+def read_manifest(path) -> dict:
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    if size > MAX_MANIFEST:
+        raise FixtureError(f"{path}: {size} bytes exceeds the manifest limit {MAX_MANIFEST}")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        m = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise FixtureError(f"{path}: not UTF-8 at byte offset {e.start}") from None
+    except json.JSONDecodeError as e:
+        raise FixtureError(f"{path}: malformed JSON at line {e.lineno} column {e.colno} "
+                           f"(offset {e.pos}): {e.msg}") from None
+    if not isinstance(m, dict):
+        raise FixtureError(f"{path}: manifest must be a JSON object")
+    version = _need(m, "schema_version", int, path)
+    if version != SCHEMA:
+        raise FixtureError(f"{path}: field schema_version={version}; this reader knows {SCHEMA}")
+    for key, kind in (("generator", str), ("torch_version", str), ("config", dict),
+                      ("params", dict), ("seed", int), ("schedule", dict),
+                      ("ladder_order", list), ("sha256", dict)):
+        _need(m, key, kind, path)
+    sch = m["schedule"]
+    for key, kind in (("prompt_len", int), ("kv_window", int), ("tokens", list),
+                      ("steps", list)):
+        _need(sch, key, kind, f"{path}: schedule")
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in sch["tokens"]):
+        raise FixtureError(f"{path}: field schedule.tokens must hold integers")
+    return m
+
+
+def load(stem) -> Fixture:
+    """Read and verify a fixture (FixtureError names what is wrong)."""
+    stem = os.fspath(stem)
+    for ext in (".safetensors", ".json"):
+        if stem.endswith(ext):
+            stem = stem[:-len(ext)]
+    js, st = f"{stem}.json", f"{stem}.safetensors"
+    m = read_manifest(js)
+    try:
+        cfg = V2Config(**m["config"])
+    except (ConfigError, TypeError, ValueError) as e:
+        raise FixtureError(f"{js}: field config: {e}") from None
+    sch = m["schedule"]
+    bad = [t for t in sch["tokens"] if not 0 <= t < cfg.vocab_size]
+    if bad:
+        raise FixtureError(f"{js}: field schedule.tokens holds id {bad[0]} outside "
+                           f"0..vocab_size-1={cfg.vocab_size - 1}")
+    try:
+        steps = schedule(sch["tokens"], sch["prompt_len"])
+    except ValueError as e:
+        raise FixtureError(f"{js}: field schedule.prompt_len: {e}") from None
+    want = [{"name": s.name, "pos": s.pos, "len": len(s.tokens)} for s in steps]
+    if sch["steps"] != want:
+        raise FixtureError(f"{js}: field schedule.steps does not match prompt_len and tokens")
+    try:
+        tensors, _ = load_safetensors(st)           # framing checked before allocating
+    except ParamsError as e:
+        raise FixtureError(str(e)) from None
+    names = set(tensors)
+    if names != set(m["sha256"]):
+        extra = sorted(names ^ set(m["sha256"]))[0]
+        raise FixtureError(f"{st}: tensor {extra!r} is in only one of the file and the "
+                           f"manifest's field sha256")
+    order = m["ladder_order"]
+    if {f"ladder/{k}" for k in order} | {"tokens"} != names or len(set(order)) != len(order):
+        raise FixtureError(f"{js}: field ladder_order does not list the file's ladder tensors "
+                           f"exactly once each")
+    for name in sorted(tensors):
+        if tensor_sha256(tensors[name]) != m["sha256"][name]:
+            raise FixtureError(f"{st}: tensor {name!r} does not match its sha256 in {js}")
+    if tensors["tokens"].tolist() != sch["tokens"]:
+        raise FixtureError(f"{st}: tensor 'tokens' differs from field schedule.tokens")
+    by_name = {s.name: s for s in steps}
+    for key in order:
+        step = key.split("/", 1)[0]
+        t = tensors[f"ladder/{key}"]
+        if step not in by_name or t.dtype != torch.float32 or t.dim() < 1 \
+                or t.shape[0] != len(by_name[step].tokens):
+            raise FixtureError(f"{st}: tensor 'ladder/{key}' is {t.dtype} {list(t.shape)}; "
+                               f"needs float32 with a leading axis of its step's positions")
+    ladder = Ladder(steps, {k: tensors[f"ladder/{k}"] for k in order}, "fixture")
+    return Fixture(cfg, m, ladder, stem)
+
+
+def check_geometry(fx: Fixture, cfg: V2Config) -> None:
+    """Refuse a model whose config differs from the fixture's, naming the fields."""
+    diff = fx.cfg.geometry_diff(cfg)
+    if diff:
+        f = diff[0]
+        more = f" (and {', '.join(diff[1:])})" if diff[1:] else ""
+        raise FixtureError(f"fixture {fx.path} was made for another geometry: field {f} is "
+                           f"{getattr(fx.cfg, f)!r} in the fixture, {getattr(cfg, f)!r} in the "
+                           f"model{more}")
+
+
+def fixture_params(fx: Fixture, params=None) -> dict:
+    """The fixture's parameters: rebuilt from the seed (source "init"), or the given dict,
+    checked against the recorded digest either way."""
+    src = fx.manifest["params"]
+    if params is None:
+        if src.get("source") != "init":
+            raise FixtureError(f"{fx.path}: parameters came from {src.get('source')!r} "
+                               f"{src.get('file', '')}; pass that file (--params / --cact)")
+        for key, kind in (("seed", int), ("perturbed", bool)):
+            _need(src, key, kind, f"{fx.path}.json: params")
+        params = init_params(fx.cfg, src["seed"], perturbed=src["perturbed"])
+    digest = params_sha256(params)
+    if digest != src.get("sha256"):
+        raise FixtureError(f"{fx.path}: parameters' sha256 {digest[:12]}… differs from the "
+                           f"manifest's params.sha256 {str(src.get('sha256'))[:12]}…: the "
+                           f"parameters (or their initialisation) changed; regenerate")
+    return params

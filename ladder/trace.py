@@ -1,0 +1,188 @@
+"""The capture protocol: record ladders from anything that speaks `trace(name, layer, values)`.
+
+A ladder is every capture point of a run, per step (`prefill`, `decode00`, ...), in forward
+order, as float32/float64 copies. A point is named `embed`, `engram_k0`, `L03.u`, ...; a key
+is `{step}/{point}`, e.g. `decode03/L07.y` (DESIGN.md). Every value carries a leading
+position axis: `[S, ...]` for a step of S positions, so a prefill's positions are compared one
+by one exactly like decode steps.
+
+The two sides trace differently: the reference calls once per point with `[B, S, ...]`
+(q/k/v as `[B, H, S, hd]`); the port calls once per point *per position* with one position's
+value (q as `[H, hd]`, alpha a scalar). `ReferenceRecorder` and `PortRecorder` turn both into
+the same `[S, ...]` layout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from reference.decode import COARSE
+
+HEADS = ("q", "k", "v")                   # reference layout [B, H, S, hd]
+TAIL = ("lane_mean", "final_norm", "logits")
+
+
+class TraceError(ValueError):
+    """A trace that breaks the protocol (a point twice, positions out of step, bad shapes)."""
+
+
+def point_name(name: str, layer) -> str:
+    return name if layer is None else f"L{int(layer):02d}.{name}"
+
+
+def layer_of(point: str):
+    """Layer index of `L07.y` (7); None for whole-forward points."""
+    if len(point) > 4 and point[0] == "L" and point[1:3].isdigit() and point[3] == ".":
+        return int(point[1:3])
+    return None
+
+
+def is_coarse(point: str) -> bool:
+    """The coarse ladder (DESIGN.md): whole-forward points and the per-layer COARSE names."""
+    layer = layer_of(point)
+    return layer is None or point.split(".", 1)[1] in COARSE
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str              # "prefill", "decode00", ...
+    pos: int               # absolute position of the step's first token
+    tokens: tuple          # the step's token ids
+
+    @property
+    def positions(self) -> range:
+        return range(self.pos, self.pos + len(self.tokens))
+
+
+def schedule(tokens, prompt_len: int) -> list:
+    """One prefill of `prompt_len` tokens, then one-token decode steps for the rest."""
+    tokens = [int(t) for t in tokens]
+    if not 1 <= prompt_len <= len(tokens):
+        raise TraceError(f"prompt_len={prompt_len} must lie in 1..{len(tokens)} (the tokens)")
+    n = len(tokens) - prompt_len
+    width = max(2, len(str(n - 1)))
+    return [Step("prefill", 0, tuple(tokens[:prompt_len]))] + \
+        [Step(f"decode{i:0{width}d}", prompt_len + i, (tokens[prompt_len + i],))
+         for i in range(n)]
+
+
+@dataclass
+class Ladder:
+    """Captured values of one run: `values["decode03/L07.y"]` is a tensor [S, ...]."""
+    steps: list
+    values: dict = field(default_factory=dict)      # insertion order = ladder order
+    label: str = ""
+
+    def keys(self) -> list:
+        return list(self.values)
+
+    def points(self, step: str) -> list:
+        prefix = step + "/"
+        return [k[len(prefix):] for k in self.values if k.startswith(prefix)]
+
+    def step(self, name: str) -> Step:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(f"no step {name!r}; steps: {[s.name for s in self.steps]}")
+
+    def at(self, point: str, pos: int):
+        """The value of `point` at absolute position `pos` (one position, no leading axis)."""
+        for s in self.steps:
+            if pos in s.positions:
+                return self.values[f"{s.name}/{point}"][pos - s.pos]
+        raise KeyError(f"position {pos} is in no step of this ladder")
+
+    @property
+    def tokens(self) -> list:
+        return [t for s in self.steps for t in s.tokens]
+
+    def __getitem__(self, key):
+        return self.values[key]
+
+    def __contains__(self, key):
+        return key in self.values
+
+    def __len__(self):
+        return len(self.values)
+
+    def __repr__(self):
+        n = sum(v.numel() for v in self.values.values())
+        return (f"Ladder({self.label or 'unnamed'}: {len(self.steps)} steps, "
+                f"{len(self.values)} points, {n} values)")
+
+
+def _copy(v, dtype) -> torch.Tensor:
+    v = v.detach()
+    if dtype is None:
+        dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
+    return v.to(device="cpu", dtype=dtype, copy=True)
+
+
+class ReferenceRecorder:
+    """A trace for `reference.decode.forward_cached`: keeps batch row `row` as [S, ...]."""
+
+    def __init__(self, ladder: Ladder, step: Step, row: int = 0, dtype=None, keep=None):
+        self.ladder, self.step, self.row, self.dtype, self.keep = ladder, step, row, dtype, keep
+
+    def __call__(self, name, layer, values):
+        point = point_name(name, layer)
+        if self.keep is not None and not self.keep(point):
+            return
+        v = values[self.row]
+        if name in HEADS and layer is not None:
+            v = v.transpose(0, 1)                       # [H, S, hd] -> [S, H, hd]
+        S = len(self.step.tokens)
+        if v.dim() < 1 or v.shape[0] != S:
+            raise TraceError(f"{self.step.name}/{point}: shape {list(v.shape)} has no leading "
+                             f"axis of the step's {S} positions")
+        key = f"{self.step.name}/{point}"
+        if key in self.ladder.values:
+            raise TraceError(f"{key} traced twice in one call")
+        self.ladder.values[key] = _copy(v, self.dtype)
+
+
+class PortRecorder:
+    """A trace for the port's `step_traced`: one call per point per position.
+
+    Call `next_position()` before each position's step and `finish()` after the step's last;
+    every position must trace the same points in the same order."""
+
+    def __init__(self, ladder: Ladder, step: Step, dtype=None, keep=None):
+        self.ladder, self.step, self.dtype, self.keep = ladder, step, dtype, keep
+        self.parts: dict = {}
+        self.order: list = []
+        self.j = -1
+        self.seen: list = []
+
+    def next_position(self):
+        if self.j >= 0 and self.seen != self.order:
+            raise TraceError(f"{self.step.name}: position {self.j} traced {len(self.seen)} "
+                             f"points, position 0 traced {len(self.order)} (or another order)")
+        self.j += 1
+        self.seen = []
+
+    def __call__(self, name, layer, values):
+        point = point_name(name, layer)
+        if self.keep is not None and not self.keep(point):
+            return
+        if self.j < 0:
+            raise TraceError("PortRecorder: call next_position() before the first step")
+        if point in self.seen:
+            raise TraceError(f"{self.step.name}/{point} traced twice at position {self.j}")
+        self.seen.append(point)
+        if self.j == 0:
+            self.order.append(point)
+        self.parts.setdefault(point, []).append(_copy(values, self.dtype))
+
+    def finish(self):
+        self.next_position()
+        S = len(self.step.tokens)
+        if self.j != S:
+            raise TraceError(f"{self.step.name}: {self.j} positions traced, the step has {S}")
+        for point in self.order:
+            parts = self.parts[point]
+            if any(p.shape != parts[0].shape for p in parts):
+                raise TraceError(f"{self.step.name}/{point}: shape changes between positions")
+            self.ladder.values[f"{self.step.name}/{point}"] = torch.stack(parts)

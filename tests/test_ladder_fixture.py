@@ -1,0 +1,148 @@
+"""The committed forward-parity fixture: integrity, port and reference against it, byte-identical
+regeneration, and refusal of fixtures that are malformed, corrupt, stale or for another model."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from ladder import fixtures
+from ladder.capture import capture_port, capture_reference
+from ladder.cli import main
+from ladder.compare import compare_ladders
+from ladder.rules import Rule, RuleSet
+from ladder.trace import ReferenceRecorder
+from port.model import V2Model
+from reference.config import V2Config
+from ladder_common import FIXTURE
+
+
+@pytest.fixture(scope="module")
+def fx():
+    return fixtures.load(FIXTURE)
+
+
+def _copy(tmp_path, manifest_edit=None, data_edit=None):
+    stem = str(tmp_path / "fx")
+    for ext in (".safetensors", ".json"):
+        shutil.copyfile(FIXTURE + ext, stem + ext)
+    if manifest_edit:
+        m = json.load(open(stem + ".json"))
+        manifest_edit(m)
+        json.dump(m, open(stem + ".json", "w"))
+    if data_edit:
+        raw = bytearray(open(stem + ".safetensors", "rb").read())
+        raw = data_edit(raw)
+        open(stem + ".safetensors", "wb").write(bytes(raw))
+    return stem
+
+
+def test_fixture_is_what_its_manifest_says(fx):
+    m = fx.manifest
+    assert m["schema_version"] == fixtures.SCHEMA and m["generator"] == fixtures.GENERATOR
+    assert fx.cfg == V2Config.preset(m["params"]["preset"])
+    assert fx.ladder.keys() == m["ladder_order"]
+    n = len(fx.tokens)
+    assert fx.window and n > fx.window                   # decode steps run past the window
+    assert os.path.getsize(FIXTURE + ".safetensors") < 1_000_000
+
+
+def test_port_and_reference_match_the_fixture(fx):
+    params = fixtures.fixture_params(fx)
+    model = V2Model.from_params(params, fx.cfg)
+    port = capture_port(model, fx.tokens, fx.prompt_len, window=fx.window)
+    cmp = compare_ladders(port, fx.ladder, prefix="port")
+    assert cmp.passed, str(cmp)
+    ref = capture_reference(params, fx.cfg, fx.tokens, fx.prompt_len, window=fx.window)
+    cmp = compare_ladders(ref, fx.ladder, prefix="arbiter")
+    assert cmp.passed, str(cmp)
+
+
+def test_fixture_regenerates_byte_for_byte(fx, tmp_path):
+    if fx.manifest["torch_version"] != torch.__version__.split("+")[0]:
+        pytest.skip(f"fixture written with torch {fx.manifest['torch_version']}")
+    m = fx.manifest
+    params = fixtures.fixture_params(fx)
+    tensors, manifest = fixtures.build(params, fx.cfg, fx.tokens, fx.prompt_len,
+                                       params_source=m["params"], seed=m["seed"],
+                                       window=fx.window)
+    new = fixtures.write(tmp_path / "again", tensors, manifest)
+    for path, ext in zip(new, (".safetensors", ".json")):
+        assert open(path, "rb").read() == open(FIXTURE + ext, "rb").read(), ext
+
+
+def test_geometry_mismatch_is_refused_naming_the_field(fx):
+    with pytest.raises(fixtures.FixtureError, match="field kv_window is 8 in the fixture, 4 in "
+                                                    "the model"):
+        fixtures.check_geometry(fx, fx.cfg.replace(kv_window=4))
+    with pytest.raises(fixtures.FixtureError, match=r"field vocab_size is 256 .* 8192 .*\(and "):
+        fixtures.check_geometry(fx, V2Config.preset("shipped"))
+    fixtures.check_geometry(fx, V2Config.preset("tiny"))
+
+
+@pytest.mark.parametrize("edit, msg", [
+    (lambda m: m.pop("sha256"), "manifest lacks field 'sha256'"),
+    (lambda m: m.update(schema_version=2), "schema_version=2; this reader knows 1"),
+    (lambda m: m.update(seed="0"), "field 'seed' is str, needs int"),
+    (lambda m: m["schedule"].pop("prompt_len"), "schedule: manifest lacks field 'prompt_len'"),
+    (lambda m: m["schedule"]["tokens"].__setitem__(0, 999), "id 999 outside 0..vocab_size-1"),
+    (lambda m: m["schedule"].update(prompt_len=5), "field schedule.steps does not match"),
+    (lambda m: m["config"].update(num_layers=0), "field config: num_layers=0"),
+    (lambda m: m["ladder_order"].pop(), "field ladder_order does not list"),
+    (lambda m: m["sha256"].pop("tokens"), "tensor 'tokens' is in only one of"),
+])
+def test_malformed_manifests_name_the_field(tmp_path, edit, msg):
+    with pytest.raises(fixtures.FixtureError, match=msg):
+        fixtures.load(_copy(tmp_path, manifest_edit=edit))
+
+
+def test_corrupt_files_name_the_tensor_or_offset(tmp_path):
+    stem = _copy(tmp_path)
+    open(stem + ".json", "w").write('{"schema_version": 1,\n "x": }')
+    with pytest.raises(fixtures.FixtureError, match=r"malformed JSON at line 2 column 7 "
+                                                    r"\(offset 28\)"):
+        fixtures.load(stem)
+    cut = lambda raw: raw[:len(raw) // 2]
+    with pytest.raises(fixtures.FixtureError, match=r"past the end of the file"):
+        fixtures.load(_copy(tmp_path, data_edit=cut))
+    huge = lambda raw: (2**40).to_bytes(8, "little") + raw[8:]
+    with pytest.raises(fixtures.FixtureError, match="header length 1099511627776 at offset 0"):
+        fixtures.load(_copy(tmp_path, data_edit=huge))
+
+    def flip(raw):
+        raw[-3] ^= 0x40                               # one bit of the last tensor's data
+        return raw
+    with pytest.raises(fixtures.FixtureError, match="tensor 'ladder/.*' does not match its sha256"):
+        fixtures.load(_copy(tmp_path, data_edit=flip))
+
+
+def test_stale_parameters_are_refused(tmp_path):
+    def reseed(m):
+        m["params"]["seed"] = 1
+    fx = fixtures.load(_copy(tmp_path, manifest_edit=reseed))
+    with pytest.raises(fixtures.FixtureError, match="parameters' sha256 .* regenerate"):
+        fixtures.fixture_params(fx)
+
+
+def test_build_refuses_when_the_float32_reference_disagrees(fx):
+    strict = RuleSet(rules={"arbiter/*": Rule(0.0, why="bit-exact, impossible in f32")})
+    with pytest.raises(fixtures.FixtureError, match="disagrees with the float64 arbiter at "
+                                                    "prefill/.*nothing written"):
+        fixtures.build(fixtures.fixture_params(fx), fx.cfg, fx.tokens[:7], 6,
+                       params_source=fx.manifest["params"], seed=0, rules=strict)
+
+
+def test_regen_writes_nothing_when_tracing_changes_a_bit(tmp_path, monkeypatch, capsys):
+    rcall = ReferenceRecorder.__call__
+
+    def writes_back(self, name, layer, values):
+        rcall(self, name, layer, values)
+        if name == "y":
+            values.add_(1e-3)
+    monkeypatch.setattr(ReferenceRecorder, "__call__", writes_back)
+    out = tmp_path / "out"
+    out.mkdir()
+    rc = main(["regen", "--out", str(out / "fx"), "--steps", "2"], out=lambda *_: None)
+    assert rc == 1 and "traced run differs from the plain run" in capsys.readouterr().err
+    assert os.listdir(out) == []
