@@ -2,6 +2,10 @@ import os
 
 import pytest
 import torch
+
+# Triton kernels run on CPU through the interpreter (must be set before triton.jit runs).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from hypothesis import settings
 
 from reference.config import V2Config

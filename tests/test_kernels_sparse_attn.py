@@ -1,0 +1,93 @@
+"""sparse_attn: torch twin and Triton kernel (interpreter on CPU) against a float64 gather +
+softmax, and the padding property both must hold bit for bit."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from kernels.sparse_attn import (SparseAttnError, sparse_attn, sparse_attn_torch,
+                                 sparse_attn_triton, triton)
+from ladder.rules import KERNEL_RULES, rule_for
+
+needs_triton = pytest.mark.skipif(triton is None, reason="no Triton wheel on this platform")
+# Real launches on a GPU (tools/device_check.sh); the interpreter on CPU (tests/conftest.py).
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def plain(q, k, v, idx, scale, sink=None):
+    """float64: per query and head, softmax over the selected rows (sink in the denominator)."""
+    q, k, v, idx = q.cpu().double(), k.cpu().double(), v.cpu().double(), idx.cpu()
+    T, H, D = q.shape
+    rep = H // k.shape[1]
+    out = torch.zeros(T, H, D, dtype=torch.float64)
+    for t in range(T):
+        sel = [int(j) for j in idx[t] if j >= 0]
+        for h in range(H):
+            if not sel:
+                continue
+            s = torch.stack([q[t, h] @ k[j, h // rep] for j in sel]) * scale
+            if sink is not None:
+                s = torch.cat([s, sink[h:h + 1].double()])
+            w = torch.softmax(s, 0)[:len(sel)]
+            out[t, h] = sum(w[n] * v[j, h // rep] for n, j in enumerate(sel))
+    return out
+
+
+def case(T=3, H=4, KV=2, D=12, N=20, K=9, seed=0, absent=0.3):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(*s, generator=g) for s in ((T, H, D), (N, KV, D), (N, KV, D)))
+    idx = torch.randint(0, N, (T, K), generator=g)
+    idx[torch.rand(T, K, generator=g) < absent] = -1
+    return q.to(DEV), k.to(DEV), v.to(DEV), idx.to(DEV)
+
+
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_against_float64(impl, with_sink):
+    q, k, v, idx = case(K=37)
+    idx[1] = -1                                           # an all-absent query
+    sink = torch.tensor([0.5, -1.0, 2.0, 0.0], device=DEV) if with_sink else None
+    scale = 1 / math.sqrt(12)
+    got = sparse_attn(q, k, v, idx, scale, sink, backend=impl)
+    want = plain(q, k, v, idx, scale, sink)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    assert rule_for(f"{impl}/sparse_attn", KERNEL_RULES).check(got.cpu(), want)
+
+
+@needs_triton
+def test_triton_matches_torch():
+    q, k, v, idx = case(T=4, K=40, seed=3)
+    a = sparse_attn_torch(q, k, v, idx, 0.3)
+    b = sparse_attn_triton(q, k, v, idx, 0.3)
+    assert rule_for("triton_vs_torch/sparse_attn", KERNEL_RULES).check(b, a)
+
+
+@given(st.integers(1, 40), st.integers(0, 40), st.integers(0, 2**16), st.booleans())
+def test_padding_changes_no_bit_torch(K, pad, seed, with_sink):
+    q, k, v, idx = case(K=K, seed=seed)
+    sink = torch.randn(4, generator=torch.Generator().manual_seed(seed)).to(DEV) if with_sink \
+        else None
+    padded = torch.nn.functional.pad(idx, (0, pad), value=-1)
+    assert torch.equal(sparse_attn_torch(q, k, v, idx, 0.3, sink),
+                       sparse_attn_torch(q, k, v, padded, 0.3, sink))
+
+
+@needs_triton
+@given(st.integers(1, 24), st.integers(1, 24), st.integers(0, 2**16))
+def test_padding_changes_no_bit_triton(K, pad, seed):
+    q, k, v, idx = case(T=2, K=K, seed=seed)
+    padded = torch.nn.functional.pad(idx, (0, pad), value=-1)
+    assert torch.equal(sparse_attn_triton(q, k, v, idx, 0.3), sparse_attn_triton(q, k, v, padded, 0.3))
+
+
+def test_bad_shapes_named():
+    q, k, v, idx = case()
+    with pytest.raises(SparseAttnError, match=r"idx must be integer \[T=3, K\]"):
+        sparse_attn_torch(q, k, v, idx.float(), 0.3)
+    with pytest.raises(SparseAttnError, match="H=4 not a multiple of KV=3"):
+        sparse_attn_torch(q, torch.zeros(5, 3, 12), torch.zeros(5, 3, 12), idx, 0.3)
+    with pytest.raises(SparseAttnError, match=r"sink must be \[H=4\]"):
+        sparse_attn_torch(q, k, v, idx, 0.3, torch.zeros(3))
+    with pytest.raises(SparseAttnError, match="backend='cuda'"):
+        sparse_attn(q, k, v, idx, backend="cuda")
