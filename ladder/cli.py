@@ -90,14 +90,14 @@ def build_port(params, cfg, cactfile, args):
     try:
         if weights == "dense":
             return params, V2Model.from_params(params, cfg, weights="dense",
-                                               device=args.device), weights
+                                               device=args.device, backend=args.backend), weights
         if not hasattr(V2Model, "from_cactfile"):
             raise LadderInputError(f"{where}: this port has no V2Model.from_cactfile")
         if cactfile is None:
             from reference.cact import build_cact
             cactfile = build_cact(params, cfg, args.bits_map)
         ref = {k: v.float() for k, v in cactfile.params.items()}
-        return ref, V2Model.from_cactfile(cactfile, weights, args.device), weights
+        return ref, V2Model.from_cactfile(cactfile, weights, args.device, args.backend), weights
     except LadderInputError:
         raise
     except (ValueError, RuntimeError) as e:
@@ -285,6 +285,9 @@ def _model_args(p, regen=False):
     p.add_argument("--bits-map", default="embedding=4,mhc=4,default=2",
                    help="CQ widths when --weights cq quantises --params/--preset weights")
     p.add_argument("--device", default="cpu", help="port device (the reference runs on CPU)")
+    p.add_argument("--backend", default="torch", choices=["torch", "triton"],
+                   help="the port's attention kernel: torch twin or Triton (the interpreter on "
+                        "CPU: slow, for the tiny model)")
     p.add_argument("--fixture", help="compare against this fixture stem instead of running the "
                                      "reference live (its tokens and schedule win)")
     p.add_argument("--no-check-plain", action="store_true",

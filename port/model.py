@@ -15,11 +15,14 @@ import torch
 
 from reference import cact
 from reference.config import V2Config
+from kernels.sparse_attn import sparse_attn_torch, sparse_attn_triton
 from .cq import CqWeight, fwht
 from .state import StateError, V2State
 from .weights import prepare_weights
 
 WEIGHT_FORMS = ("dense", "cq")
+BACKENDS = ("torch", "triton")
+TORCH_TILE = 256        # one tile per shipped window: fewest ops for the eager torch twin
 
 EPS = 1e-6
 SEED, PRIME, M32 = 0x9E3779B9, 0x01000193, 0xFFFFFFFF
@@ -86,42 +89,46 @@ def rowvecs(x, wt):
 
 
 class V2Model:
-    def __init__(self, cfg: V2Config, w: dict, device):
+    def __init__(self, cfg: V2Config, w: dict, device, backend: str = "torch"):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
         self.cfg, self.w, self.device = cfg, w, torch.device(device)
+        self.backend = backend          # attention kernel: torch twin or Triton
 
     # ---- construction ----
     @classmethod
     def from_params(cls, params: dict, cfg: V2Config, weights: str = "dense", device="cpu",
-                    bits_map: str = "embedding=4,mhc=4,default=2"):
+                    bits_map: str = "embedding=4,mhc=4,default=2", backend: str = "torch"):
         """weights="dense": float32 as given; "cq": quantised as the .cact writer does
         (`bits_map`), then computed from the codes (see from_cact)."""
         if weights not in WEIGHT_FORMS:
             raise ValueError(f"weights={weights!r} is not one of {WEIGHT_FORMS}")
         if weights == "cq":
-            return cls.from_cactfile(cact.build_cact(params, cfg, bits_map), "cq", device)
-        return cls._build(params, cfg, None, device)
+            return cls.from_cactfile(cact.build_cact(params, cfg, bits_map), "cq", device,
+                                     backend)
+        return cls._build(params, cfg, None, device, backend)
 
     @classmethod
-    def from_cact(cls, path, weights: str = "cq", device="cpu"):
+    def from_cact(cls, path, weights: str = "cq", device="cpu", backend: str = "torch"):
         """Load a .cact file. "cq": every matrix stays in its codes (CqWeight, pre-rotation rows
         at load; activations rotated per 128-group); "dense": the dequantised float32 matrices."""
-        return cls.from_cactfile(cact.read_cact(path), weights, device)
+        return cls.from_cactfile(cact.read_cact(path), weights, device, backend)
 
     @classmethod
-    def from_cactfile(cls, f, weights: str = "cq", device="cpu"):
+    def from_cactfile(cls, f, weights: str = "cq", device="cpu", backend: str = "torch"):
         if weights not in WEIGHT_FORMS:
             raise ValueError(f"weights={weights!r} is not one of {WEIGHT_FORMS}")
         cqw = None
         if weights == "cq":
             cqw = {s.name: CqWeight.from_slot(s, "dense") for s in f.slots
                    if s.dtype == cact.DTYPE_CQ}
-        model = cls._build(f.params, f.config, cqw, device)
+        model = cls._build(f.params, f.config, cqw, device, backend)
         model.tokenizer = f.tokenizer
         return model
 
     @classmethod
-    def _build(cls, params: dict, cfg: V2Config, cqw, device):
-        return cls(cfg, prepare_weights(params, cfg, cqw, device), device)
+    def _build(cls, params: dict, cfg: V2Config, cqw, device, backend="torch"):
+        return cls(cfg, prepare_weights(params, cfg, cqw, device), device, backend)
 
     # ---- state ----
     def make_state(self) -> V2State:
@@ -204,23 +211,32 @@ class V2Model:
         return out
 
     def _attend(self, i, q, k, v, state, pos):
-        """One position's attention over the ring: write its K/V, then read the span oldest
-        first, so a ring and a full cache read the same rows in the same order."""
+        """One position's attention: write its K/V into the ring, then attend over the window
+        selection with sparse_attn. The selection lists ring slots oldest first and is always
+        `window` wide, `-1` for positions before 0 (and pad keys for the probe heads), so a ring
+        and a full cache with the same window hand the kernel identical tiles: same bits."""
         cfg = self.cfg
         slot = pos % state.ring
         state.k[i, :, slot] = k
         state.v[i, :, slot] = v
         state.key_ok[slot] = state.valid[pos]
-        span = min(pos + 1, state.window or state.ring)
-        sel = state.slots[:span]
-        torch.arange(pos - span + 1, pos + 1, out=sel)
-        sel.remainder_(state.ring)
-        K, V = state.k[i][:, sel], state.v[i][:, sel]           # [KV, span, hd]
-        qg = q.reshape(cfg.num_kv_heads, cfg.rep, cfg.head_dim)
-        s = torch.matmul(qg, K.transpose(1, 2)) / math.sqrt(cfg.head_dim)
-        if state.pad_aware:                 # pad keys masked with a finite floor, as upstream
-            s = torch.where(state.key_ok[sel], s, torch.finfo(s.dtype).min)
-        return torch.matmul(torch.softmax(s, -1), V).reshape(-1)
+        sel = self._selection(state, pos)
+        k_rows, v_rows = state.k[i].transpose(0, 1), state.v[i].transpose(0, 1)   # [R, KV, hd]
+        scale = 1.0 / math.sqrt(cfg.head_dim)
+        if self.backend == "triton":
+            o = sparse_attn_triton(q[None], k_rows, v_rows, sel[None], scale)
+        else:
+            o = sparse_attn_torch(q[None], k_rows, v_rows, sel[None], scale, block=TORCH_TILE)
+        return o.reshape(-1)
+
+    @staticmethod
+    def _selection(state, pos):
+        width = state.window or pos + 1                 # full causal: every position so far
+        positions = torch.arange(pos - width + 1, pos + 1, device=state.k.device)
+        sel = torch.where(positions >= 0, positions % state.ring, -1)
+        if state.pad_aware:                             # pad keys are absent keys
+            sel = torch.where(state.key_ok[sel.clamp_min(0)], sel, -1)
+        return sel
 
     def _step(self, token, state: V2State, logits, trace, want_logits):
         token = self._check(token, state, logits)

@@ -225,3 +225,17 @@ def test_cq_prefill_batch_equals_step_prefill(tiny_cq_model, tokens, cap):
     tiny_cq_model.prefill_batch(tokens, b, V2Batch(tiny_cq_model, cap))
     assert torch.equal(a.k, b.k) and torch.equal(a.lanes, b.lanes)
     assert torch.equal(tiny_cq_model.step(7, a), tiny_cq_model.step(7, b))
+
+
+def test_triton_backend_matches_torch_backend(tiny_cfg, tiny_params):
+    # Triton's sparse_attn (the interpreter on CPU) in place of the torch twin: same model,
+    # different reduction trees inside each tile, so a float32 tolerance, not bits.
+    a = V2Model.from_params(tiny_params, tiny_cfg)
+    b = V2Model.from_params(tiny_params, tiny_cfg, backend="triton")
+    sa, sb = a.make_state(), b.make_state()
+    for t in _seq(tiny_cfg, 12, seed=8).tolist():            # past the window of 8
+        la, lb = a.step(t, sa), b.step(t, sb)
+        assert rule_for("port/logits", PORT_RULES).check(lb, la)
+        assert torch.equal(la.argmax(), lb.argmax())
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        V2Model.from_params(tiny_params, tiny_cfg, backend="cuda")
