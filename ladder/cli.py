@@ -90,14 +90,16 @@ def build_port(params, cfg, cactfile, args):
     try:
         if weights == "dense":
             return params, V2Model.from_params(params, cfg, weights="dense",
-                                               device=args.device, backend=args.backend), weights
+                                               device=args.device, backend=args.backend,
+                                               decode=args.decode), weights
         if not hasattr(V2Model, "from_cactfile"):
             raise LadderInputError(f"{where}: this port has no V2Model.from_cactfile")
         if cactfile is None:
             from reference.cact import build_cact
             cactfile = build_cact(params, cfg, args.bits_map)
         ref = {k: v.float() for k, v in cactfile.params.items()}
-        return ref, V2Model.from_cactfile(cactfile, weights, args.device, args.backend), weights
+        return ref, V2Model.from_cactfile(cactfile, weights, args.device, args.backend,
+                                               args.decode), weights
     except LadderInputError:
         raise
     except (ValueError, RuntimeError) as e:
@@ -288,6 +290,10 @@ def _model_args(p, regen=False):
     p.add_argument("--backend", default="torch", choices=["torch", "triton"],
                    help="the port's attention kernel: torch twin or Triton (the interpreter on "
                         "CPU: slow, for the tiny model)")
+    p.add_argument("--decode", default="eager", choices=["eager", "graph"],
+                   help="the port's step: eager, or host prep + the capturable device body "
+                        "(a CUDA graph on CUDA); the run checks it against the traced eager "
+                        "step bit for bit")
     p.add_argument("--fixture", help="compare against this fixture stem instead of running the "
                                      "reference live (its tokens and schedule win)")
     p.add_argument("--no-check-plain", action="store_true",

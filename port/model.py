@@ -22,6 +22,7 @@ from .weights import prepare_weights
 
 WEIGHT_FORMS = ("dense", "cq")
 BACKENDS = ("torch", "triton")
+DECODES = ("eager", "graph")
 TORCH_TILE = 256        # one tile per shipped window: fewest ops for the eager torch twin
 
 EPS = 1e-6
@@ -89,46 +90,53 @@ def rowvecs(x, wt):
 
 
 class V2Model:
-    def __init__(self, cfg: V2Config, w: dict, device, backend: str = "torch"):
+    def __init__(self, cfg: V2Config, w: dict, device, backend: str = "torch",
+                 decode: str = "eager"):
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+        if decode not in DECODES:
+            raise ValueError(f"decode={decode!r} is not one of {DECODES}")
         self.cfg, self.w, self.device = cfg, w, torch.device(device)
         self.backend = backend          # attention kernel: torch twin or Triton
+        self.decode = decode            # graph: prep + a capturable body (port/graph.py)
 
     # ---- construction ----
     @classmethod
     def from_params(cls, params: dict, cfg: V2Config, weights: str = "dense", device="cpu",
-                    bits_map: str = "embedding=4,mhc=4,default=2", backend: str = "torch"):
+                    bits_map: str = "embedding=4,mhc=4,default=2", backend: str = "torch",
+                    decode: str = "eager"):
         """weights="dense": float32 as given; "cq": quantised as the .cact writer does
         (`bits_map`), then computed from the codes (see from_cact)."""
         if weights not in WEIGHT_FORMS:
             raise ValueError(f"weights={weights!r} is not one of {WEIGHT_FORMS}")
         if weights == "cq":
             return cls.from_cactfile(cact.build_cact(params, cfg, bits_map), "cq", device,
-                                     backend)
-        return cls._build(params, cfg, None, device, backend)
+                                     backend, decode)
+        return cls._build(params, cfg, None, device, backend, decode)
 
     @classmethod
-    def from_cact(cls, path, weights: str = "cq", device="cpu", backend: str = "torch"):
+    def from_cact(cls, path, weights: str = "cq", device="cpu", backend: str = "torch",
+                  decode: str = "eager"):
         """Load a .cact file. "cq": every matrix stays in its codes (CqWeight, pre-rotation rows
         at load; activations rotated per 128-group); "dense": the dequantised float32 matrices."""
-        return cls.from_cactfile(cact.read_cact(path), weights, device, backend)
+        return cls.from_cactfile(cact.read_cact(path), weights, device, backend, decode)
 
     @classmethod
-    def from_cactfile(cls, f, weights: str = "cq", device="cpu", backend: str = "torch"):
+    def from_cactfile(cls, f, weights: str = "cq", device="cpu", backend: str = "torch",
+                      decode: str = "eager"):
         if weights not in WEIGHT_FORMS:
             raise ValueError(f"weights={weights!r} is not one of {WEIGHT_FORMS}")
         cqw = None
         if weights == "cq":
             cqw = {s.name: CqWeight.from_slot(s, "dense") for s in f.slots
                    if s.dtype == cact.DTYPE_CQ}
-        model = cls._build(f.params, f.config, cqw, device, backend)
+        model = cls._build(f.params, f.config, cqw, device, backend, decode)
         model.tokenizer = f.tokenizer
         return model
 
     @classmethod
-    def _build(cls, params: dict, cfg: V2Config, cqw, device, backend="torch"):
-        return cls(cfg, prepare_weights(params, cfg, cqw, device), device, backend)
+    def _build(cls, params: dict, cfg: V2Config, cqw, device, backend="torch", decode="eager"):
+        return cls(cfg, prepare_weights(params, cfg, cqw, device), device, backend, decode)
 
     # ---- state ----
     def make_state(self) -> V2State:
@@ -142,6 +150,11 @@ class V2Model:
 
     # ---- public steps ----
     def step(self, token: int, state: V2State, logits=None):
+        if self.decode == "graph" and state.window and not state.pad_aware:
+            if logits is not None:
+                self._check(token, state, logits)
+            out = state.decode_graph(self).step(token)
+            return out if logits is None else logits.copy_(out)
         return self._step(token, state, logits, None, True)
 
     def step_prefill(self, token: int, state: V2State) -> None:
@@ -269,6 +282,11 @@ class V2Model:
             X = self._layer(i, X, eng, state, pos0, cos, sin, trace)
             if pool is not None:
                 pool.add(X.mean(1), keep_t)
+        return self._finish(X, state, logits, trace, want_logits)
+
+    def _finish(self, X, state, logits, trace, want_logits):
+        """Last row's lanes -> state.lanes, the final norm -> state.hidden, the LM head."""
+        w = self.w
         state.lanes.copy_(X[-1])
         mean = X[-1].mean(0)
         torch.mul(1.0 + w["final"], mean / torch.sqrt((mean * mean).mean() + EPS),
@@ -287,10 +305,12 @@ class V2Model:
             trace("logits", None, out)
         return out
 
-    def _layer(self, i, X, eng, state, pos0, cos, sin, trace=None):
+    def _layer(self, i, X, eng, state, pos0, cos, sin, trace=None, attend=None):
         """Layer i on lanes X [m, n, d] at positions pos0..pos0+m-1; returns the new lanes.
 
-        Writes the layer's K/V rows into the state's ring. `eng` holds every site's (k, v)."""
+        Writes the layer's K/V rows into the state's ring. `eng` holds every site's (k, v).
+        `attend(i, q, k, v)` replaces the per-position attention (the graph body's, which
+        reads the position from device buffers; m = 1 there)."""
         cfg, w = self.cfg, self.w
         n, d, H, KV, hd = cfg.mhc_lanes, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         attn, kvd, m = cfg.attn_dim_eff, cfg.kv_dim, X.shape[0]
@@ -311,8 +331,11 @@ class V2Model:
         k = self._rope(zc(qkvg[:, attn:attn + kvd].reshape(m, KV, hd), w["kn"][i]), cos, sin)
         v = qkvg[:, attn + kvd:attn + 2 * kvd].reshape(m, KV, hd)
         gate = sigmoid(qkvg[:, attn + 2 * kvd:])
-        o = torch.stack([self._attend(i, q[r_], k[r_], v[r_], state, pos0 + r_)
-                         for r_ in range(m)])
+        if attend is not None:
+            o = torch.stack([attend(i, q[0], k[0], v[0])])
+        else:
+            o = torch.stack([self._attend(i, q[r_], k[r_], v[r_], state, pos0 + r_)
+                             for r_ in range(m)])
         a = self._mm(o * gate, w["out_t"][i])
         ap = zc(a, w["post"][i])
         z = bx + w["attn_gate"][i] * ap

@@ -64,9 +64,19 @@ class V2State:
             raise StateError("state belongs to a model of another geometry")
         self._set_window(int(window))
 
+    def decode_graph(self, model):
+        """This state's prep/body pair (port/graph.py), made on first use."""
+        g = self.__dict__.get("_graph")
+        if g is None or g.model is not model or g.sel.shape[0] != self.window:
+            from .graph import DecodeGraph
+            g = self._graph = DecodeGraph(model, self)
+        return g
+
     def clone(self) -> "V2State":
         other = V2State.__new__(V2State)
         for k, v in self.__dict__.items():
+            if k == "_graph":               # buffers bound to the original state
+                continue
             other.__dict__[k] = v.clone() if isinstance(v, torch.Tensor) else \
                 (list(v) if isinstance(v, list) else v)
         return other

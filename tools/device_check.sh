@@ -12,7 +12,7 @@ else
     echo "device_check: no CUDA device: GPU launches SKIPPED; running the kernel tests on CPU"
     export TRITON_INTERPRET=1
 fi
-$PY -m pytest -q tests/test_kernels_sparse_attn.py tests/test_kernels_ring.py
+$PY -m pytest -q tests/test_kernels_sparse_attn.py tests/test_kernels_ring.py tests/test_graph.py
 status=$?
 $PY - <<'PYEOF'
 import time, torch
@@ -33,5 +33,21 @@ def med(f, n=200):
 a = med(lambda: sparse_attn_torch(q, k, v, idx, 0.125))
 b = med(lambda: sparse_attn_triton(q, k, v, idx, 0.125))
 print(f"sparse_attn decode (K={K}): torch {a:.1f} us, triton {b:.1f} us, ratio {a / b:.2f}x")
+
+from reference.config import V2Config
+from reference.params import init_params
+from port.model import V2Model
+cfg = V2Config.preset("shipped")
+params = init_params(cfg, 0, perturbed=True)
+eager = V2Model.from_params(params, cfg, device="cuda")
+graph = V2Model(cfg, eager.w, "cuda", decode="graph")
+sa, sb = eager.make_state(), graph.make_state()
+for t in range(1, 40):                        # warm up, capture, and past nothing yet
+    eager.step(t, sa); graph.step(t, sb)
+tok = iter(range(40, 100000))
+e = med(lambda: eager.step(next(tok) % 8000, sa), 100)
+g = med(lambda: graph.step(next(tok) % 8000, sb), 100)
+print(f"shipped decode step: eager {e / 1e3:.2f} ms, graph replay {g / 1e3:.2f} ms, "
+      f"ratio {e / g:.2f}x")
 PYEOF
 exit $status

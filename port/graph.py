@@ -1,0 +1,171 @@
+"""The decode step as host prep + a device body that one CUDA graph can replay at any position.
+
+Prep (host): validate the token, then write everything that depends on the token or the
+position into static buffers — token id, RoPE row, ring slot, Engram table rows and validity,
+tap slots and validity, the `window`-wide selection — uploading only what changed. Body
+(device): the whole step, reading per-token values only from those buffers: no `.item()`, no
+shape or Python branch that depends on the position. So the op sequence is the same at every
+position (`record_body_ops` proves it on CPU) and a graph captured once replays for any token;
+the body's arithmetic is the eager step's, so its bits equal `V2Model.step`'s.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernels.sparse_attn import sparse_attn_torch, sparse_attn_triton
+from .model import TORCH_TILE, StepError, ngram_rows
+
+# Ops that read a device value on the host or size their output by data: not capturable.
+HOST_SYNC_OPS = ("_local_scalar_dense", "item", "nonzero", "masked_select", "unique",
+                 "_unique2", "bincount", "repeat_interleave")
+
+
+class HostSyncError(RuntimeError):
+    """The body did something a CUDA graph cannot replay (names the op)."""
+
+
+class DecodeGraph:
+    """Static buffers, prep and body for one (model, state) pair. Ring states only."""
+
+    def __init__(self, model, state):
+        cfg = model.cfg
+        if not state.window or state.pad_aware:
+            raise StepError("the graph path needs a windowed ring state without pad keys "
+                            f"(window={state.window}, pad_aware={state.pad_aware})")
+        self.model, self.state, dev = model, state, model.device
+        T, taps = cfg.engram_tables, cfg.engram_taps
+        i64 = dict(dtype=torch.int64, device=dev)
+        self.token = torch.zeros(1, **i64)
+        self.pos = torch.zeros(1, **i64)
+        self.slot = torch.zeros(1, **i64)                 # pos % ring
+        self.eslot = torch.zeros(1, **i64)                # pos % Engram ring
+        self.rows = torch.zeros(T, **i64)                 # flat Engram table rows
+        self.ngram_ok = torch.zeros(T, device=dev)
+        self.tap_slots = torch.zeros(taps, **i64)
+        self.tap_ok = torch.zeros(taps, device=dev)
+        self.sel = torch.full((state.window,), -1, **i64)
+        self._host = {}                                   # what each buffer holds now
+        self.graph = None
+
+    # ---- host ----
+    def prep(self, token: int) -> None:
+        model, state, cfg = self.model, self.state, self.model.cfg
+        token = model._check(token, state, None)
+        pos, R, dil = state.pos, state.engram_ring, cfg.engram_dilation
+        state.tokens.append(token)
+        state.valid.append(True)
+        orders = [o for o in cfg.engram_orders for _ in range(cfg.engram_heads_eff)]
+        width = state.window
+        positions = range(pos - width + 1, pos + 1)
+        values = {
+            "token": [token], "pos": [pos], "slot": [pos % state.ring], "eslot": [pos % R],
+            "rows": [t * cfg.engram_slots + r for t, r in enumerate(ngram_rows(cfg, state.tokens, pos))],
+            "ngram_ok": [1.0 if pos - (o - 1) >= 0 else 0.0 for o in orders],
+            "tap_slots": [(pos - j * dil) % R for j in range(cfg.engram_taps)],
+            "tap_ok": [1.0 if pos - j * dil >= 0 else 0.0 for j in range(cfg.engram_taps)],
+            "sel": [p % state.ring if p >= 0 else -1 for p in positions],
+        }
+        for name, vals in values.items():
+            if self._host.get(name) != vals:              # upload only what changed
+                buf = getattr(self, name)
+                buf.copy_(torch.tensor(vals, dtype=buf.dtype), non_blocking=True)
+                self._host[name] = vals
+
+    # ---- device ----
+    def body(self) -> torch.Tensor:
+        model, state, cfg, w = self.model, self.state, self.model.cfg, self.model.w
+        n, d = cfg.mhc_lanes, cfg.d_model
+        x0 = w["emb"].index_select(0, self.token) * math.sqrt(d)          # [1, d]
+        eng = []
+        for s, site in enumerate(w["sites"]):
+            e = (site["tables"].index_select(0, self.rows)[None] * self.ngram_ok[None, :, None])
+            kv = model._mm(e.reshape(1, -1), site["kv"])
+            k, vraw = kv[:, :d], kv[:, d:]
+            state.vraw[s].index_copy_(0, self.eslot, vraw)
+            acc = torch.zeros_like(vraw[0])
+            for j in range(cfg.engram_taps):
+                acc = acc + site["taps"][j] * state.vraw[s].index_select(0, self.tap_slots[j:j + 1])[0] \
+                    * self.tap_ok[j]
+            eng.append((k, acc[None]))
+        X = x0[:, None, :].expand(1, n, d)
+        cos = w["cos"].index_select(0, self.pos)[:, None, :]
+        sin = w["sin"].index_select(0, self.pos)[:, None, :]
+        for i in range(cfg.num_layers):
+            X = model._layer(i, X, eng, state, 0, cos, sin, None, attend=self._attend)
+        return model._finish(X, state, None, None, True)
+
+    def _attend(self, i, q, k, v):
+        state, cfg = self.state, self.model.cfg
+        state.k[i].index_copy_(1, self.slot, k[:, None, :])
+        state.v[i].index_copy_(1, self.slot, v[:, None, :])
+        k_rows, v_rows = state.k[i].transpose(0, 1), state.v[i].transpose(0, 1)
+        scale = 1.0 / math.sqrt(cfg.head_dim)
+        if self.model.backend == "triton":
+            o = sparse_attn_triton(q[None], k_rows, v_rows, self.sel[None], scale)
+        else:
+            o = sparse_attn_torch(q[None], k_rows, v_rows, self.sel[None], scale,
+                                  block=TORCH_TILE)
+        return o.reshape(-1)
+
+    # ---- the step ----
+    def step(self, token: int) -> torch.Tensor:
+        """prep, then the body: replayed from a CUDA graph on CUDA, run eagerly elsewhere."""
+        self.prep(token)
+        if self.model.device.type != "cuda":
+            return self.body()
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        return self.state.logits
+
+    def _capture(self):
+        # Warm up on a side stream (allocator, kernels) on a scratch copy of the state: the
+        # capture itself runs the body once more, so the real state must not advance twice.
+        saved = self.state.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.body()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.body()
+        for name, t in saved.__dict__.items():            # undo the warm-up and capture writes
+            if isinstance(t, torch.Tensor):
+                getattr(self.state, name).copy_(t)
+
+
+def _describe(a):
+    """An op argument as the capture sees it: tensors by shape and dtype, the rest by value."""
+    if isinstance(a, torch.Tensor):
+        return ("T", tuple(a.shape), str(a.dtype))
+    if isinstance(a, (list, tuple)):
+        return tuple(_describe(x) for x in a)
+    return repr(a)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if name in HOST_SYNC_OPS:
+            raise HostSyncError(f"decode body calls {func} (a host synchronisation or a "
+                                f"data-dependent shape): not capturable")
+        self.ops.append((str(func), _describe(args), _describe(tuple(sorted((kwargs or {}).items())))))
+        return func(*args, **(kwargs or {}))
+
+
+def record_body_ops(graph: DecodeGraph, token: int) -> list:
+    """prep(token) on the host, then the body under a dispatch mode that refuses host syncs and
+    records every op with its argument shapes and non-tensor values. Identical lists at two
+    positions mean one capture is valid for both."""
+    graph.prep(token)
+    with _Recorder() as rec:
+        graph.body()
+    return rec.ops
