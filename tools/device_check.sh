@@ -12,7 +12,7 @@ else
     echo "device_check: no CUDA device: GPU launches SKIPPED; running the kernel tests on CPU"
     export TRITON_INTERPRET=1
 fi
-$PY -m pytest -q tests/test_kernels_sparse_attn.py tests/test_kernels_ring.py tests/test_graph.py
+$PY -m pytest -q tests/test_kernels_*.py tests/test_graph.py
 status=$?
 $PY - <<'PYEOF'
 import time, torch

@@ -1,0 +1,56 @@
+"""cq_gemv: twin and Triton kernel against float64 from the codes, with bitstreams packed here
+by plain integer arithmetic (an independent packer), at every stored width."""
+import pytest
+import torch
+
+from kernels.cq_gemv import CqGemvError, cq_gemv_torch, cq_gemv_triton, triton, unpack_codes
+from ladder.rules import KERNEL_RULES, rule_for
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def pack_by_hand(codes, bits):
+    rows = []
+    for row in codes.tolist():
+        acc = 0
+        for k, c in enumerate(row):
+            acc |= c << (k * bits)
+        rows.append(list(acc.to_bytes(len(row) * bits // 8, "little")))
+    return torch.tensor(rows, dtype=torch.uint8)
+
+
+def case(bits, out=37, in_pad=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 1 << bits, (out, in_pad), generator=g)
+    norms = (torch.rand(out, in_pad // 128, generator=g) + 0.5).half()
+    levels = torch.randn(1 << bits, generator=g) * 0.1
+    xr = torch.randn(in_pad, generator=g)
+    return codes, pack_by_hand(codes, bits), norms, levels, xr
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_unpack_inverts_the_hand_packer(bits):
+    codes, packed, *_ = case(bits)
+    assert torch.equal(unpack_codes(packed, bits, codes.shape[1]), codes)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("impl", ["torch", pytest.param(
+    "triton", marks=pytest.mark.skipif(triton is None, reason="no Triton"))])
+def test_against_float64(bits, impl):
+    codes, packed, norms, levels, xr = case(bits, seed=bits)
+    lev = levels.double()[codes].reshape(codes.shape[0], -1, 128)
+    want = (norms.double() * (lev * xr.double().reshape(-1, 128)).sum(-1)).sum(-1)
+    fn = cq_gemv_torch if impl == "torch" else cq_gemv_triton
+    got = fn(packed.to(DEV), norms.to(DEV), levels.to(DEV), bits, xr.to(DEV)).cpu()
+    assert rule_for(f"{impl}/cq_gemv", KERNEL_RULES).check(got, want)
+
+
+def test_bad_shapes_named():
+    codes, packed, norms, levels, xr = case(3)
+    with pytest.raises(CqGemvError, match="bits=5"):
+        cq_gemv_torch(packed, norms, levels, 5, xr)
+    with pytest.raises(CqGemvError, match=r"packed must be uint8 \[out, 96\]"):
+        cq_gemv_torch(packed[:, :90], norms, levels, 3, xr)
+    with pytest.raises(CqGemvError, match="levels has 4 entries"):
+        cq_gemv_torch(packed, norms, levels[:4], 3, xr)
