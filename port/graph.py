@@ -15,8 +15,8 @@ import math
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels.sparse_attn import sparse_attn_torch, sparse_attn_triton
-from .model import TORCH_TILE, StepError, ngram_rows
+from .attn import WINDOW_CLASS
+from .model import StepError, ngram_rows
 
 # Ops that read a device value on the host or size their output by data: not capturable.
 HOST_SYNC_OPS = ("_local_scalar_dense", "item", "nonzero", "masked_select", "unique",
@@ -39,14 +39,12 @@ class DecodeGraph:
         T, taps = cfg.engram_tables, cfg.engram_taps
         i64 = dict(dtype=torch.int64, device=dev)
         self.token = torch.zeros(1, **i64)
-        self.pos = torch.zeros(1, **i64)
-        self.slot = torch.zeros(1, **i64)                 # pos % ring
         self.eslot = torch.zeros(1, **i64)                # pos % Engram ring
         self.rows = torch.zeros(T, **i64)                 # flat Engram table rows
         self.ngram_ok = torch.zeros(T, device=dev)
         self.tap_slots = torch.zeros(taps, **i64)
         self.tap_ok = torch.zeros(taps, device=dev)
-        self.sel = torch.full((state.window,), -1, **i64)
+        self.window = state.window
         self._host = {}                                   # what each buffer holds now
         self.graph = None
 
@@ -55,18 +53,19 @@ class DecodeGraph:
         model, state, cfg = self.model, self.state, self.model.cfg
         token = model._check(token, state, None)
         pos, R, dil = state.pos, state.engram_ring, cfg.engram_dilation
+        if pos == 0:
+            raise StepError("position 0 is a prefill: run it eagerly (DecodeGraph.step does)")
+        rt = state.attn_runtime(model)
+        rt.decode_prep(WINDOW_CLASS, pos)       # position, ring slot, selection (or refuses)
         state.tokens.append(token)
         state.valid.append(True)
         orders = [o for o in cfg.engram_orders for _ in range(cfg.engram_heads_eff)]
-        width = state.window
-        positions = range(pos - width + 1, pos + 1)
         values = {
-            "token": [token], "pos": [pos], "slot": [pos % state.ring], "eslot": [pos % R],
+            "token": [token], "eslot": [pos % R],
             "rows": [t * cfg.engram_slots + r for t, r in enumerate(ngram_rows(cfg, state.tokens, pos))],
             "ngram_ok": [1.0 if pos - (o - 1) >= 0 else 0.0 for o in orders],
             "tap_slots": [(pos - j * dil) % R for j in range(cfg.engram_taps)],
             "tap_ok": [1.0 if pos - j * dil >= 0 else 0.0 for j in range(cfg.engram_taps)],
-            "sel": [p % state.ring if p >= 0 else -1 for p in positions],
         }
         for name, vals in values.items():
             if self._host.get(name) != vals:              # upload only what changed
@@ -91,28 +90,19 @@ class DecodeGraph:
                     * self.tap_ok[j]
             eng.append((k, acc[None]))
         X = x0[:, None, :].expand(1, n, d)
-        cos = w["cos"].index_select(0, self.pos)[:, None, :]
-        sin = w["sin"].index_select(0, self.pos)[:, None, :]
+        rt = state.attn_runtime(model)
+        cos = w["cos"].index_select(0, rt.pos)[:, None, :]
+        sin = w["sin"].index_select(0, rt.pos)[:, None, :]
         for i in range(cfg.num_layers):
-            X = model._layer(i, X, eng, state, 0, cos, sin, None, attend=self._attend)
+            X = model._layer(i, X, eng, state, 0, cos, sin, None, attend=rt.decode_body)
         return model._finish(X, state, None, None, True)
-
-    def _attend(self, i, q, k, v):
-        state, cfg = self.state, self.model.cfg
-        state.k[i].index_copy_(1, self.slot, k[:, None, :])
-        state.v[i].index_copy_(1, self.slot, v[:, None, :])
-        k_rows, v_rows = state.k[i].transpose(0, 1), state.v[i].transpose(0, 1)
-        scale = 1.0 / math.sqrt(cfg.head_dim)
-        if self.model.backend == "triton":
-            o = sparse_attn_triton(q[None], k_rows, v_rows, self.sel[None], scale)
-        else:
-            o = sparse_attn_torch(q[None], k_rows, v_rows, self.sel[None], scale,
-                                  block=TORCH_TILE)
-        return o.reshape(-1)
 
     # ---- the step ----
     def step(self, token: int) -> torch.Tensor:
-        """prep, then the body: replayed from a CUDA graph on CUDA, run eagerly elsewhere."""
+        """prep, then the body: replayed from a CUDA graph on CUDA, run eagerly elsewhere.
+        Position 0 is a prefill and runs eagerly (same bits)."""
+        if self.state.pos == 0:
+            return self.model._step(token, self.state, None, None, True)
         self.prep(token)
         if self.model.device.type != "cuda":
             return self.body()

@@ -15,7 +15,6 @@ import torch
 
 from reference import cact
 from reference.config import V2Config
-from kernels.sparse_attn import sparse_attn_torch, sparse_attn_triton
 from .cq import CqWeight, fwht
 from .state import StateError, V2State
 from .weights import prepare_weights
@@ -23,7 +22,6 @@ from .weights import prepare_weights
 WEIGHT_FORMS = ("dense", "cq")
 BACKENDS = ("torch", "triton")
 DECODES = ("eager", "graph")
-TORCH_TILE = 256        # one tile per shipped window: fewest ops for the eager torch twin
 
 EPS = 1e-6
 SEED, PRIME, M32 = 0x9E3779B9, 0x01000193, 0xFFFFFFFF
@@ -224,32 +222,9 @@ class V2Model:
         return out
 
     def _attend(self, i, q, k, v, state, pos):
-        """One position's attention: write its K/V into the ring, then attend over the window
-        selection with sparse_attn. The selection lists ring slots oldest first and is always
-        `window` wide, `-1` for positions before 0 (and pad keys for the probe heads), so a ring
-        and a full cache with the same window hand the kernel identical tiles: same bits."""
-        cfg = self.cfg
-        slot = pos % state.ring
-        state.k[i, :, slot] = k
-        state.v[i, :, slot] = v
-        state.key_ok[slot] = state.valid[pos]
-        sel = self._selection(state, pos)
-        k_rows, v_rows = state.k[i].transpose(0, 1), state.v[i].transpose(0, 1)   # [R, KV, hd]
-        scale = 1.0 / math.sqrt(cfg.head_dim)
-        if self.backend == "triton":
-            o = sparse_attn_triton(q[None], k_rows, v_rows, sel[None], scale)
-        else:
-            o = sparse_attn_torch(q[None], k_rows, v_rows, sel[None], scale, block=TORCH_TILE)
-        return o.reshape(-1)
-
-    @staticmethod
-    def _selection(state, pos):
-        width = state.window or pos + 1                 # full causal: every position so far
-        positions = torch.arange(pos - width + 1, pos + 1, device=state.k.device)
-        sel = torch.where(positions >= 0, positions % state.ring, -1)
-        if state.pad_aware:                             # pad keys are absent keys
-            sel = torch.where(state.key_ok[sel.clamp_min(0)], sel, -1)
-        return sel
+        """One position's attention through the state's AttnV41-style runtime (port/attn.py):
+        write its K/V into the ring, then attend over the window selection."""
+        return state.attn_runtime(self).forward(i, q[None], k[None], v[None], pos)[0]
 
     def _step(self, token, state: V2State, logits, trace, want_logits):
         token = self._check(token, state, logits)

@@ -64,10 +64,20 @@ class V2State:
             raise StateError("state belongs to a model of another geometry")
         self._set_window(int(window))
 
+    def attn_runtime(self, model):
+        """This state's attention runtime (port/attn.py), remade when the backend or the
+        window width changes."""
+        rt = self.__dict__.get("_attn")
+        if rt is None or rt.backend != model.backend or rt.cfg is not model.cfg \
+                or rt.idx_win.shape[0] != max(self.window, 1):
+            from .attn import AttnRuntime
+            rt = self._attn = AttnRuntime(model.cfg, self, model.backend)
+        return rt
+
     def decode_graph(self, model):
         """This state's prep/body pair (port/graph.py), made on first use."""
         g = self.__dict__.get("_graph")
-        if g is None or g.model is not model or g.sel.shape[0] != self.window:
+        if g is None or g.model is not model or g.window != self.window:
             from .graph import DecodeGraph
             g = self._graph = DecodeGraph(model, self)
         return g
@@ -75,7 +85,7 @@ class V2State:
     def clone(self) -> "V2State":
         other = V2State.__new__(V2State)
         for k, v in self.__dict__.items():
-            if k == "_graph":               # buffers bound to the original state
+            if k in ("_graph", "_attn"):    # buffers bound to the original state
                 continue
             other.__dict__[k] = v.clone() if isinstance(v, torch.Tensor) else \
                 (list(v) if isinstance(v, list) else v)

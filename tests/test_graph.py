@@ -32,11 +32,12 @@ def test_graph_step_equals_eager_step_bit_for_bit(models, tokens, window):
 def test_body_op_sequence_is_position_independent(models):
     eager, _ = models
     state = eager.make_state()
+    eager.step(5, state)                             # position 0 is a prefill (eager)
     g = DecodeGraph(eager, state)
     seqs = {}
-    for pos, tok in enumerate([5, 9, 200, 7, 7, 31, 2, 250, 4, 19, 88, 3]):   # wraps at 8
+    for pos, tok in enumerate([9, 200, 7, 7, 31, 2, 250, 4, 19, 88, 3], start=1):  # wraps at 8
         seqs[pos] = record_body_ops(g, tok)
-    first = seqs[0]
+    first = seqs[1]
     assert len(first) > 100
     for pos, ops in seqs.items():
         assert ops == first, pos
@@ -44,7 +45,9 @@ def test_body_op_sequence_is_position_independent(models):
 
 def test_a_host_sync_in_the_body_is_caught(models, monkeypatch):
     eager, _ = models
-    g = DecodeGraph(eager, eager.make_state())
+    state = eager.make_state()
+    eager.step(5, state)
+    g = DecodeGraph(eager, state)
     real = eager._mm
 
     def syncing(x, wt):
@@ -74,3 +77,36 @@ def test_cuda_graph_replay_equals_eager(tiny_cfg, tiny_params):
     for t in range(1, 30):
         assert torch.equal(eager.step(t, a), graph.step(t, b))
         assert torch.equal(a.k, b.k) and torch.equal(a.lanes, b.lanes)
+
+
+def test_attention_runtime_contract(models, tiny_cfg):
+    from port.attn import AttnError
+    eager, _ = models
+    state = eager.make_state()
+    rt = state.attn_runtime(eager)
+    assert all(rt.decode_capturable(i) for i in range(tiny_cfg.num_layers))
+    assert rt.decode_fixed_topk(0) == tiny_cfg.kv_window
+    with pytest.raises(AttnError, match="start_pos=0 outside 1..max_seq_len-1=63"):
+        rt.decode_prep(0, 0)
+    with pytest.raises(AttnError, match="start_pos=64"):
+        rt.decode_prep(0, 64)
+    with pytest.raises(AttnError, match="layer 6 outside 0..5"):
+        rt.decode_capturable(6)
+    q, kv = torch.zeros(65, 4, 12), torch.zeros(65, 2, 12)
+    with pytest.raises(AttnError, match="m=65 tokens outside 1..max_tokens=64"):
+        rt.forward(0, q, kv, kv, 0)
+    with pytest.raises(AttnError, match="positions 60..64 outside"):
+        rt.forward(0, q[:5], kv[:5], kv[:5], 60)
+    rt.decode_prep(0, 10)
+    assert rt.idx_win.tolist() == [3, 4, 5, 6, 7, 0, 1, 2] and int(rt.slot) == 2
+    with pytest.raises(AttnError, match="full-causal"):
+        eager.make_state_full_causal().attn_runtime(eager).decode_fixed_topk(0)
+
+
+@given(st.integers(1, 63))
+def test_runtime_selection_is_the_official_window_selection(models, tiny_cfg, pos):
+    from kernels.ring import window_topk_idxs
+    eager, _ = models
+    rt = eager.make_state().attn_runtime(eager)       # ring == window: slots are pos % window
+    rt.decode_prep(0, pos)
+    assert torch.equal(rt.idx_win, window_topk_idxs(tiny_cfg.kv_window, 1, pos)[0])
