@@ -69,7 +69,7 @@ def test_probe_heads(tiny_cfg, tiny_params):
     t[1, -4:] = tiny_cfg.pad_token_id
     e = heads.encode_contrastive(tiny_params, tiny_cfg, t, dtype="float32")
     assert e.shape == (2, tiny_cfg.contrastive_dim)
-    assert torch.allclose(e.norm(dim=-1), torch.ones(2), atol=1e-6)
+    assert rule_for("heads/unit_norm").check(e.norm(dim=-1), torch.ones(2))
     c = heads.forward_confidence(tiny_params, tiny_cfg, t, dtype="float32")
     assert c.shape == (2,) and torch.isfinite(c).all()
     cw = heads.forward_confidence(tiny_params, tiny_cfg, t, window=4, dtype="float32")

@@ -3,6 +3,8 @@ import math
 import torch
 from hypothesis import given, strategies as st
 
+from ladder.rules import rule_for
+
 from reference.ops import (apply_rope, engram_indices, hadamard_mlp, rms_unit, rope_tables,
                            sinkhorn, walsh_matrix, zcrms)
 
@@ -46,10 +48,11 @@ def test_sinkhorn_columns_sum_to_one_rows_nearly():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 4, 4, generator=g) * 2 + 4 * torch.eye(4)
     p = sinkhorn(logits)
-    assert (p.sum(-2) - 1).abs().max() < 4e-7          # last step normalises columns
-    assert (p.sum(-1) - 1).abs().max() < 5e-2          # rows: 20 iterations, not exact
-    p64 = sinkhorn(logits.double())
-    assert (p.double() - p64).abs().max() < 1e-6
+    ones = torch.ones(64, 4)
+    assert rule_for("ops/sinkhorn_columns").check(p.sum(-2), ones)
+    assert rule_for("ops/sinkhorn_rows").check(p.sum(-1), ones)
+    assert not rule_for("ops/sinkhorn_columns").check(p.sum(-1), ones)   # rows really are not
+    assert rule_for("ops/f32_vs_f64").check(p, sinkhorn(logits.double()))
 
 
 def test_sinkhorn_has_exactly_twenty_iterations():
@@ -63,15 +66,15 @@ def test_norm_forms_against_float64():
     x, s = torch.randn(5, 48, generator=g), torch.randn(48, generator=g) * 0.3
     x64, s64 = x.double(), s.double()
     want = (1 + s64) * x64 / torch.sqrt((x64 ** 2).mean(-1, keepdim=True) + 1e-6)
-    assert (zcrms(x, s).double() - want).abs().max() < 1e-6 * want.abs().max()
+    assert rule_for("ops/f32_vs_f64").check(zcrms(x, s), want)
     want = x64 / torch.sqrt((x64 ** 2).mean(-1, keepdim=True) + 1e-6)
-    assert (rms_unit(x).double() - want).abs().max() < 1e-6 * want.abs().max()
+    assert rule_for("ops/f32_vs_f64").check(rms_unit(x), want)
 
 
 def test_walsh_is_orthonormal_sylvester():
     for n in (1, 2, 8, 64):
         h = walsh_matrix(n, torch.float64)
-        assert torch.allclose(h @ h, torch.eye(n, dtype=torch.float64), atol=1e-12)
+        assert rule_for("ops/f64").check(h @ h, torch.eye(n, dtype=torch.float64))
         ref = torch.ones(1, 1, dtype=torch.float64)
         while ref.shape[0] < n:
             ref = torch.kron(torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64), ref)
@@ -86,7 +89,7 @@ def test_hadamard_mlp_pads_and_truncates():
     z = torch.cat([h, torch.zeros(3, 16, dtype=torch.float64)], -1)
     z1 = (d1 * z) @ H
     z2 = torch.nn.functional.silu(d2 * z1) @ H
-    assert torch.allclose(hadamard_mlp(h, d1, d2, d3, 48), (d3 * z2)[:, :48], atol=1e-12)
+    assert rule_for("ops/f64").check(hadamard_mlp(h, d1, d2, d3, 48), (d3 * z2)[:, :48])
 
 
 def test_rope_is_a_rotation_of_half_split_pairs():
@@ -98,6 +101,6 @@ def test_rope_is_a_rotation_of_half_split_pairs():
     inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
     ang = torch.arange(40, dtype=torch.float64)[:, None] * inv
     r = c * torch.polar(torch.ones_like(ang), ang)
-    assert torch.allclose(apply_rope(x, cos, sin), torch.cat([r.real, r.imag], -1), atol=1e-12)
+    assert rule_for("ops/f64").check(apply_rope(x, cos, sin), torch.cat([r.real, r.imag], -1))
     c32, s32 = rope_tables(hd, 40, theta)
-    assert c32.dtype == torch.float32 and (c32.double() - cos).abs().max() < 4e-6
+    assert c32.dtype == torch.float32 and rule_for("ops/rope_f32_vs_f64").check(c32, cos)
