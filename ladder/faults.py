@@ -2,9 +2,9 @@
 
 Each fault is a context manager that monkeypatches port internals (module globals, V2Model
 methods) and restores them on exit; nothing under port/ is edited. Where a bug lives inside
-the body of `V2Model._layer`, the fault recompiles that method from its own source with one
-line changed (a mutation): if the port's source moves on, the fault refuses with the text it
-looked for, instead of silently planting nothing.
+the body of `V2Model._layer` or `_attention`, the fault recompiles that method from its own
+source with one line changed (a mutation): if the port's source moves on, the fault refuses
+with the text it looked for, instead of silently planting nothing.
 
 Every fault declares the capture point it touches first and the first position where it can
 show. tests/test_ladder_faults.py checks the declaration bit for bit (clean port vs faulty
@@ -58,17 +58,17 @@ def _patched(obj, attr, value):
         setattr(obj, attr, old)
 
 
-def _mutated_layer(fault: str, old: str, new: str):
-    """V2Model._layer recompiled with `old` replaced by `new` (exactly one occurrence)."""
-    src = textwrap.dedent(inspect.getsource(V2Model._layer))
+def _mutated_layer(fault: str, old: str, new: str, method: str = "_layer"):
+    """V2Model.<method> recompiled with `old` replaced by `new` (exactly one occurrence)."""
+    src = textwrap.dedent(inspect.getsource(getattr(V2Model, method)))
     if src.count(old) != 1:
-        raise FaultError(f"fault {fault}: expected exactly one {old!r} in V2Model._layer, "
+        raise FaultError(f"fault {fault}: expected exactly one {old!r} in V2Model.{method}, "
                          f"found {src.count(old)}; the port changed, update the fault")
-    code = compile(src.replace(old, new), f"<fault {fault}: port/model.py V2Model._layer>",
+    code = compile(src.replace(old, new), f"<fault {fault}: port/model.py V2Model.{method}>",
                    "exec")
     ns: dict = {}
     exec(code, pm.__dict__, ns)            # the port's own globals: later patches still apply
-    return ns["_layer"]
+    return ns[method]
 
 
 def sinkhorn_iters(iters: int = 19):
@@ -115,7 +115,8 @@ def y_minus_bx():
 
 
 def attn_gate_skipped():
-    return _patched(V2Model, "_layer", _mutated_layer("attn_gate_skipped", "(o * gate,", "(o,"))
+    return _patched(V2Model, "_attention",
+                    _mutated_layer("attn_gate_skipped", "(o * gate,", "(o,", "_attention"))
 
 
 def residual_gate_skipped():

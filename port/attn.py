@@ -11,8 +11,9 @@ indexer: it publishes nothing and consumes nothing), so each layer attends over 
   decode_fixed_topk(layer)             the widest selection of the layer's class: the window
   decode_prep(layer_or_class, pos)     host: position, ring slot and the -1-padded selection
                                        into static buffers, uploading only what changed
-  decode_body(layer, q, k, v)          device only: ring write at the slot read from the
-                                       device, sparse attention over the static selection
+  decode_body(layer, h, cos, sin)      device only: projections, norms, RoPE, the ring write
+                                       at the slot read from the device, sparse attention
+                                       over the static selection, gate, output projection
   invalidate_decode_uploads()          forget what was uploaded (after any eager forward)
 
 The selection lists ring slots oldest first, always `window` wide, `-1` before position 0 (and
@@ -36,8 +37,9 @@ class AttnError(ValueError):
 
 
 class AttnRuntime:
-    def __init__(self, cfg, state, backend: str = "torch", max_tokens: int | None = None):
-        self.cfg, self.state, self.backend = cfg, state, backend
+    def __init__(self, model, state, max_tokens: int | None = None):
+        cfg = model.cfg
+        self.model, self.cfg, self.state, self.backend = model, cfg, state, model.backend
         self.max_tokens = max_tokens or cfg.max_seq_len
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         dev = state.k.device
@@ -113,9 +115,15 @@ class AttnRuntime:
         self.idx_win.copy_(self.selection(start_pos))
         self._uploaded["window"] = start_pos
 
-    def decode_body(self, layer: int, q, k, v):
-        """Device half: q [H, hd], k/v [KV, hd] -> o [H*hd]; per-token values only from the
-        static buffers, so a graph captured once replays at any position."""
+    def decode_body(self, layer: int, h, cos, sin):
+        """Device half of one layer's attention for one token: the q|k|v|gate product, norms,
+        RoPE (cos/sin rows gathered by the caller from `self.pos`), the ring write at the slot
+        read from the device, sparse attention over the static selection, the gate and the
+        output product. Per-token values come only from the static buffers, so a graph
+        captured once replays at any position. Returns the model's (q, k, v, o, gate, out)."""
+        return self.model._attention(layer, h, cos, sin, self.state, 0, attend=self._ring_attend)
+
+    def _ring_attend(self, layer: int, q, k, v):
         st = self.state
         st.k[layer].index_copy_(1, self.slot, k[:, None, :])
         st.v[layer].index_copy_(1, self.slot, v[:, None, :])

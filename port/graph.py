@@ -94,7 +94,7 @@ class DecodeGraph:
         cos = w["cos"].index_select(0, rt.pos)[:, None, :]
         sin = w["sin"].index_select(0, rt.pos)[:, None, :]
         for i in range(cfg.num_layers):
-            X = model._layer(i, X, eng, state, 0, cos, sin, None, attend=rt.decode_body)
+            X = model._layer(i, X, eng, state, 0, cos, sin, None, attention=rt.decode_body)
         return model._finish(X, state, None, None, True)
 
     # ---- the step ----

@@ -221,6 +221,25 @@ class V2Model:
             out.append((k, v))
         return out
 
+    def _attention(self, i, h, cos, sin, state, pos0, attend=None):
+        """The attention sublayer on normed rows h [m, d]: fused q|k|v|gate product, q/k norms
+        and RoPE, attention per position (or `attend(i, q, k, v)` for one row), the gate and
+        the output product. Returns (q, k, v, o, gate, out) for the trace."""
+        cfg, w, m = self.cfg, self.w, h.shape[0]
+        H, KV, hd, attn, kvd = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attn_dim_eff,
+                                cfg.kv_dim)
+        qkvg = self._mm(h, w["qkvg_t"][i])
+        q = self._rope(zc(qkvg[:, :attn].reshape(m, H, hd), w["qn"][i]), cos, sin)
+        k = self._rope(zc(qkvg[:, attn:attn + kvd].reshape(m, KV, hd), w["kn"][i]), cos, sin)
+        v = qkvg[:, attn + kvd:attn + 2 * kvd].reshape(m, KV, hd)
+        gate = sigmoid(qkvg[:, attn + 2 * kvd:])
+        if attend is not None:
+            o = torch.stack([attend(i, q[0], k[0], v[0])])
+        else:
+            o = torch.stack([self._attend(i, q[r_], k[r_], v[r_], state, pos0 + r_)
+                             for r_ in range(m)])
+        return q, k, v, o, gate, self._mm(o * gate, w["out_t"][i])
+
     def _attend(self, i, q, k, v, state, pos):
         """One position's attention through the state's AttnV41-style runtime (port/attn.py):
         write its K/V into the ring, then attend over the window selection."""
@@ -280,12 +299,12 @@ class V2Model:
             trace("logits", None, out)
         return out
 
-    def _layer(self, i, X, eng, state, pos0, cos, sin, trace=None, attend=None):
+    def _layer(self, i, X, eng, state, pos0, cos, sin, trace=None, attention=None):
         """Layer i on lanes X [m, n, d] at positions pos0..pos0+m-1; returns the new lanes.
 
         Writes the layer's K/V rows into the state's ring. `eng` holds every site's (k, v).
-        `attend(i, q, k, v)` replaces the per-position attention (the graph body's, which
-        reads the position from device buffers; m = 1 there)."""
+        `attention(i, h, cos, sin)` replaces the attention sublayer (the runtime's
+        decode_body, which reads the position from device buffers; m = 1 there)."""
         cfg, w = self.cfg, self.w
         n, d, H, KV, hd = cfg.mhc_lanes, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         attn, kvd, m = cfg.attn_dim_eff, cfg.kv_dim, X.shape[0]
@@ -301,17 +320,10 @@ class V2Model:
                                   / math.sqrt(d))
             bx = u + alpha * ev
         h = zc(bx, w["pre"][i])
-        qkvg = self._mm(h, w["qkvg_t"][i])
-        q = self._rope(zc(qkvg[:, :attn].reshape(m, H, hd), w["qn"][i]), cos, sin)
-        k = self._rope(zc(qkvg[:, attn:attn + kvd].reshape(m, KV, hd), w["kn"][i]), cos, sin)
-        v = qkvg[:, attn + kvd:attn + 2 * kvd].reshape(m, KV, hd)
-        gate = sigmoid(qkvg[:, attn + 2 * kvd:])
-        if attend is not None:
-            o = torch.stack([attend(i, q[0], k[0], v[0])])
+        if attention is not None:           # the graph body's: positions from device buffers
+            q, k, v, o, gate, a = attention(i, h, cos, sin)
         else:
-            o = torch.stack([self._attend(i, q[r_], k[r_], v[r_], state, pos0 + r_)
-                             for r_ in range(m)])
-        a = self._mm(o * gate, w["out_t"][i])
+            q, k, v, o, gate, a = self._attention(i, h, cos, sin, state, pos0)
         ap = zc(a, w["post"][i])
         z = bx + w["attn_gate"][i] * ap
         mi = zc(z, w["pre_hada"][i])

@@ -68,10 +68,9 @@ class V2State:
         """This state's attention runtime (port/attn.py), remade when the backend or the
         window width changes."""
         rt = self.__dict__.get("_attn")
-        if rt is None or rt.backend != model.backend or rt.cfg is not model.cfg \
-                or rt.idx_win.shape[0] != max(self.window, 1):
+        if rt is None or rt.model is not model or rt.idx_win.shape[0] != max(self.window, 1):
             from .attn import AttnRuntime
-            rt = self._attn = AttnRuntime(model.cfg, self, model.backend)
+            rt = self._attn = AttnRuntime(model, self)
         return rt
 
     def decode_graph(self, model):
