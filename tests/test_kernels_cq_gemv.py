@@ -54,3 +54,12 @@ def test_bad_shapes_named():
         cq_gemv_torch(packed[:, :90], norms, levels, 3, xr)
     with pytest.raises(CqGemvError, match="levels has 4 entries"):
         cq_gemv_torch(packed, norms, levels[:4], 3, xr)
+
+
+@pytest.mark.skipif(triton is None, reason="no Triton")
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_triton_matches_torch_twin(bits):
+    _, packed, norms, levels, xr = case(bits, out=50, in_pad=384, seed=10 + bits)
+    args = (packed.to(DEV), norms.to(DEV), levels.to(DEV), bits, xr.to(DEV))
+    assert rule_for("triton_vs_torch/cq_gemv", KERNEL_RULES).check(cq_gemv_triton(*args).cpu(),
+                                                                   cq_gemv_torch(*args).cpu())

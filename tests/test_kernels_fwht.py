@@ -35,3 +35,10 @@ def test_against_float64_and_inverse(impl):
 def test_bad_width():
     with pytest.raises(FwhtError, match="multiple of 128"):
         fwht_torch(torch.zeros(2, 100))
+
+
+@pytest.mark.skipif(triton is None, reason="no Triton")
+def test_triton_matches_torch_twin():
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(4)).to(DEV)
+    assert rule_for("triton_vs_torch/fwht", KERNEL_RULES).check(fwht_triton(x).cpu(),
+                                                                fwht_torch(x).cpu())
