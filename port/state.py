@@ -30,7 +30,6 @@ class V2State:
         self.lanes = torch.zeros(n, d, device=device, dtype=dtype)
         self.hidden = torch.zeros(d, device=device, dtype=dtype)      # post-final-norm vector
         self.logits = torch.zeros(cfg.vocab_size, device=device, dtype=dtype)
-        self.slots = torch.zeros(ring, dtype=torch.int64, device=device)   # selection scratch
         self.tokens: list = []
         self.valid: list = []               # per position: counts as a key / Engram source
         self.key_ok = torch.ones(ring, dtype=torch.bool, device=device)
