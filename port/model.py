@@ -20,7 +20,7 @@ from .state import StateError, V2State
 from .weights import prepare_weights
 
 WEIGHT_FORMS = ("dense", "cq")
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "triton", "native")
 DECODES = ("eager", "graph")
 
 EPS = 1e-6
@@ -95,8 +95,14 @@ class V2Model:
         if decode not in DECODES:
             raise ValueError(f"decode={decode!r} is not one of {DECODES}")
         self.cfg, self.w, self.device = cfg, w, torch.device(device)
-        self.backend = backend          # attention kernel: torch twin or Triton
+        self.backend = backend          # torch ops, Triton attention, or the C step (CPU)
         self.decode = decode            # graph: prep + a capturable body (port/graph.py)
+        if backend == "native":
+            if self.device.type != "cpu" or decode != "eager":
+                raise ValueError(f"backend='native' runs eagerly on the CPU (device="
+                                 f"{self.device}, decode={decode!r})")
+            from .native import NativeModel
+            self._native = NativeModel(cfg, w)
 
     # ---- construction ----
     @classmethod
@@ -125,7 +131,7 @@ class V2Model:
         if weights not in WEIGHT_FORMS:
             raise ValueError(f"weights={weights!r} is not one of {WEIGHT_FORMS}")
         cqw = None
-        if weights == "cq":
+        if weights == "cq" and backend != "native":    # native: the dequantised matrices
             cqw = {s.name: CqWeight.from_slot(s, "dense") for s in f.slots
                    if s.dtype == cact.DTYPE_CQ}
         model = cls._build(f.params, f.config, cqw, device, backend, decode)
@@ -262,6 +268,10 @@ class V2Model:
         keep = [not (state.pad_aware and t == pad) for t in tokens]
         state.tokens.extend(tokens)         # inputs were checked: nothing below can fail
         state.valid.extend(keep)
+        if self.backend == "native":
+            from .native import run_rows
+            return run_rows(self, self._native, tokens, state, pos0, logits, trace,
+                            want_logits, pool)
         x0 = w["emb"][torch.tensor(tokens, device=self.device)] * math.sqrt(d)   # [m, d]
         if trace:
             trace("embed", None, x0[0])

@@ -83,7 +83,7 @@ class V2State:
     def clone(self) -> "V2State":
         other = V2State.__new__(V2State)
         for k, v in self.__dict__.items():
-            if k in ("_graph", "_attn"):    # buffers bound to the original state
+            if k in ("_graph", "_attn", "_native"):    # buffers bound to the original state
                 continue
             other.__dict__[k] = v.clone() if isinstance(v, torch.Tensor) else \
                 (list(v) if isinstance(v, list) else v)

@@ -16,9 +16,10 @@ MID = V2Config(vocab_size=512, d_model=128, num_heads=4, num_kv_heads=2, num_lay
                rope_theta=100000.0, contrastive_dim=32, dtype="float32")
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tiny_cfg, tiny_params):
-    return V2Model.from_params(tiny_params, tiny_cfg)
+@pytest.fixture(scope="module", params=["torch", "native"])
+def tiny_model(request, tiny_cfg, tiny_params):
+    """The torch port and the native C step: every property below holds for both."""
+    return V2Model.from_params(tiny_params, tiny_cfg, backend=request.param)
 
 
 @pytest.fixture(scope="module")

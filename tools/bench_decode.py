@@ -1,19 +1,25 @@
-"""Decode speed of the port against the reference, side by side in one run (issue #7 baseline).
+"""Decode speed of the port against the reference, side by side in one run (issue #7).
 
-    python tools/bench_decode.py [--preset shipped] [--weights dense cq] [--steps 64] [--json OUT]
+    python tools/bench_decode.py [--preset shipped] [--ports torch:dense native:cq ...]
+                                 [--steps 64] [--threads 1] [--json OUT]
 
-At the given geometry with seeded random weights, after warm-up, medians over `--steps` calls:
-port `step` at position ~300 and ~1500 (the ring caps the work past the window), the reference's
-one-token `forward_cached` on the same weights (cache sized to the position), `prefill_batch`
-per token vs `step_prefill` per token for a 256-token prompt, aten ops per `step` (profiler)
-and resident memory after load. Thread count and flush-denormal are recorded with the numbers.
+At the given geometry with seeded random weights, after warm-up, medians over `--steps` calls,
+for each port (backend:weights; "cq" = built from the CQ model, i.e. the dequantised matrices
+for native, the codes' pre-rotation rows for torch):
+  * `step` ms/token at position 300 and at 1500 (past the window: the ring caps the work);
+  * `prefill_batch` ms/token for a 256-token prompt vs 256 `step_prefill` calls;
+  * aten ops per `step` (torch profiler) and the weight bytes the model holds;
+then the reference's one-token `forward_cached` at position 300 on the same weights, and the
+ratios. Also the packed CQ payload (the resident size of CqWeight's "packed" form) of the same
+model. Upstream JAX is timed only when `cactus-needle` imports in this interpreter; otherwise
+the table says it was skipped. Thread count and flush-denormal are recorded with the numbers.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import resource
+import platform
 import statistics
 import sys
 import time
@@ -23,9 +29,12 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from port.batch import V2Batch                                  # noqa: E402
 from port.model import V2Model                                   # noqa: E402
+from reference import cact                                       # noqa: E402
 from reference.config import V2Config                            # noqa: E402
 from reference.decode import forward_cached, init_kv_cache       # noqa: E402
 from reference.params import init_params                         # noqa: E402
+
+PROMPT = 256
 
 
 def median_ms(fn, n):
@@ -37,75 +46,152 @@ def median_ms(fn, n):
     return statistics.median(ts) * 1e3
 
 
-def rss_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def held_mb(w) -> float:
+    """Bytes of the distinct tensor storages a model's weight dict keeps."""
+    seen, total = set(), 0
+
+    def walk(v):
+        nonlocal total
+        if isinstance(v, torch.Tensor):
+            s = v.untyped_storage()
+            if s.data_ptr() not in seen:
+                seen.add(s.data_ptr())
+                total += s.nbytes()
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+    walk(w)
+    return total / 2**20
 
 
 def bench_port(model, cfg, steps, tok):
-    out = {}
+    out = {"weights_mb": held_mb(model.w)}
+    prompt = [next(tok) for _ in range(min(PROMPT, cfg.max_seq_len // 4))]
     state = model.make_state()
-    prompt = [next(tok) for _ in range(min(256, cfg.max_seq_len // 4))]
+    model.prefill_batch(prompt[:8], model.make_state(), V2Batch(model, 64))        # warm
     t0 = time.perf_counter()
     model.prefill_batch(prompt, state, V2Batch(model, 64))
     out["prefill_batch_ms_per_token"] = (time.perf_counter() - t0) * 1e3 / len(prompt)
     probe = model.make_state()
-    out["step_prefill_ms_per_token"] = median_ms(lambda: model.step_prefill(next(tok), probe),
-                                                 min(32, cfg.max_seq_len // 2))
+    t0 = time.perf_counter()
+    for t in prompt:
+        model.step_prefill(t, probe)
+    out["step_prefill_ms_per_token"] = (time.perf_counter() - t0) * 1e3 / len(prompt)
     out["prefill_ratio"] = out["step_prefill_ms_per_token"] / out["prefill_batch_ms_per_token"]
-    last = cfg.max_seq_len - steps - 2
+    out["prefill_bits_equal"] = bool(torch.equal(state.k, probe.k)
+                                     and torch.equal(state.lanes, probe.lanes))
+    last = cfg.max_seq_len - steps - 5           # 3 warm-up steps, 1 profiled
+    batch = V2Batch(model, 64)
     for target in sorted({min(300, last), min(1500, last)}):
-        while state.pos < target:
-            model.step_prefill(next(tok), state)
-        model.step(next(tok), state)                               # warm
+        if state.pos < target:
+            model.prefill_batch([next(tok) for _ in range(target - state.pos)], state, batch)
+        for _ in range(3):
+            model.step(next(tok), state)                            # warm
         out[f"step_ms_at_{target}"] = median_ms(lambda: model.step(next(tok), state), steps)
     from torch.profiler import profile, ProfilerActivity
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         model.step(next(tok), state)
-    out["aten_ops_per_step"] = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+    out["aten_ops_per_step"] = sum(e.count for e in prof.key_averages()
+                                   if e.key.startswith("aten::"))
     return out
+
+
+def build(params, cfg, backend, weights, cactfile):
+    if weights == "cq":
+        return V2Model.from_cactfile(cactfile, "cq", backend=backend)
+    return V2Model.from_params(params, cfg, backend=backend)
+
+
+def upstream_ms(python, preset, at):
+    """Upstream's jitted decode on the same seeded weights, via tools/bench_upstream.py in the
+    interpreter that has cactus-needle (this one, or --upstream-python)."""
+    import importlib.util
+    import subprocess
+    if python is None:
+        if importlib.util.find_spec("needle") is None:
+            return None, "skipped: cactus-needle is not importable (give --upstream-python)"
+        python = sys.executable
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_upstream.py")
+    out = subprocess.run([python, script, "--preset", preset, "--at", str(at)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        return None, f"skipped: bench_upstream.py failed: {out.stderr.strip()[-300:]}"
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return got["upstream_one_token_ms"], (f"jax {got['jax']} on {got['devices']}, compiled in "
+                                          f"{got['compile_s']:.0f} s")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="shipped", choices=["tiny", "shipped"])
-    ap.add_argument("--weights", nargs="+", default=["dense", "cq"])
+    ap.add_argument("--ports", nargs="+",
+                    default=["torch:dense", "torch:cq", "native:dense", "native:cq"])
     ap.add_argument("--steps", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", help="also write the numbers here")
+    ap.add_argument("--upstream-python", help="interpreter of a venv with cactus-needle, jax, "
+                                              "flax and torch (times upstream's decode too)")
     args = ap.parse_args(argv)
     torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
     cfg = V2Config.preset(args.preset)
     params = init_params(cfg, 0, perturbed=True)
+    cactfile = cact.build_cact(params, cfg)
     g = torch.Generator().manual_seed(0)
-    tok = iter(torch.randint(1, cfg.vocab_size, (100000,), generator=g).tolist())
+    tok = iter(torch.randint(1, cfg.vocab_size, (200000,), generator=g).tolist())
     res = {"preset": args.preset, "threads": torch.get_num_threads(), "flush_denormal": True,
-           "torch": torch.__version__, "steps": args.steps}
-    for form in args.weights:
-        before = rss_mb()
-        model = V2Model.from_params(params, cfg, weights=form)
-        res[form] = {"rss_growth_mb_at_load": rss_mb() - before}
-        res[form].update(bench_port(model, cfg, args.steps, tok))
+           "torch": torch.__version__, "steps": args.steps, "cpu": platform.processor()
+           or platform.machine(), "cores": os.cpu_count(), "ports": {}}
+    if "native" in " ".join(args.ports):
+        from kernels import native
+        native.set_threads(args.threads)
+    for port in args.ports:
+        backend, weights = port.split(":")
+        model = build(params, cfg, backend, weights, cactfile)
+        res["ports"][port] = bench_port(model, cfg, args.steps, tok)
         del model
-    at = min(300, cfg.max_seq_len - args.steps - 2)
+    from port.cq import CqWeight
+    res["cq_packed_mb"] = sum(CqWeight.from_slot(s, "packed").nbytes for s in cactfile.slots
+                              if s.dtype == cact.DTYPE_CQ) / 2**20
+    at = min(300, cfg.max_seq_len - args.steps - 5)
     kc, vc = init_kv_cache(cfg, 1, at + 1)
     one = torch.tensor([[5]])
+    hist, hv = torch.full((1, at + 1), 5), torch.ones(1, at + 1, dtype=torch.bool)
+    forward_cached(params, cfg, one, kc, vc, at, hist=hist, hist_valid=hv)       # warm
     res["reference_one_token_ms"] = median_ms(
-        lambda: forward_cached(params, cfg, one, kc, vc, at, hist=torch.full((1, at + 1), 5),
-                               hist_valid=torch.ones(1, at + 1, dtype=torch.bool)),
-        max(4, args.steps // 8))
-    for form in args.weights:
-        res[form]["speedup_vs_reference"] = (res["reference_one_token_ms"]
-                                             / res[form][f"step_ms_at_{at}"])
-    print(f"{'':28s}" + "".join(f"{f:>14s}" for f in args.weights))
-    for key in res[args.weights[0]]:
-        print(f"{key:28s}" + "".join(f"{res[f][key]:14.2f}" for f in args.weights))
-    print(f"reference one-token forward_cached at {at}: {res['reference_one_token_ms']:.1f} ms"
-          f"; threads {res['threads']}, torch {res['torch']}")
+        lambda: forward_cached(params, cfg, one, kc, vc, at, hist=hist, hist_valid=hv),
+        max(8, args.steps // 4))
+    res["upstream_one_token_ms"], res["upstream_note"] = upstream_ms(args.upstream_python,
+                                                                      args.preset, at)
+    for p in res["ports"].values():
+        p["speedup_vs_reference"] = res["reference_one_token_ms"] / p[f"step_ms_at_{at}"]
+        if res["upstream_one_token_ms"]:
+            p["speedup_vs_upstream"] = res["upstream_one_token_ms"] / p[f"step_ms_at_{at}"]
+    report(res, args.ports)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
     return res
+
+
+def report(res, ports):
+    keys = list(res["ports"][ports[0]])
+    print(f"{'':28s}" + "".join(f"{p:>14s}" for p in ports))
+    for key in keys:
+        cells = []
+        for p in ports:
+            v = res["ports"][p][key]
+            cells.append(f"{str(v):>14s}" if isinstance(v, bool) else f"{v:14.2f}")
+        print(f"{key:28s}" + "".join(cells))
+    up = res["upstream_one_token_ms"]
+    print(f"reference one-token forward_cached: {res['reference_one_token_ms']:.1f} ms; "
+          f"upstream jitted forward_cached: "
+          + (f"{up:.1f} ms ({res['upstream_note']})" if up else res["upstream_note"]))
+    print(f"CQ packed payload: {res['cq_packed_mb']:.2f} MB; threads {res['threads']}, "
+          f"torch {res['torch']}, {res['cores']} cores, {res['cpu']}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,179 @@
+"""The native CPU step (needle_step.c): built with the system C compiler on first use, loaded
+with ctypes. Imports neither reference/ nor port/.
+
+The shared library is cached under $NEEDLE_NATIVE_CACHE (default ~/.cache/needle-parity),
+named by a hash of the source, the flags, the compiler's version and the CPU, and written
+atomically, so concurrent first uses and upgrades never load a stale or half-written build.
+The flags keep IEEE float32 semantics (no fast-math, no FMA contraction): the bits depend on
+the source and the C library's expf/logf, not on the vector width the compiler picks.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+
+import torch
+
+SOURCE = os.path.join(os.path.dirname(__file__), "needle_step.c")
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC",
+         "-shared"]
+CAPTURES = ("nx", "hpre", "u", "alpha", "bx", "h_in", "q", "k", "v", "attn", "gate",
+            "attn_out", "attn_post", "mlp_in", "mlp_out", "block_out", "y", "hpost",
+            "res_logits", "hres", "x", "lane_mean")        # the C enum's order
+
+_lib = None
+
+
+class NativeUnavailable(RuntimeError):
+    """The native step cannot be built or loaded here (no C compiler, or it failed)."""
+
+
+_P = ctypes.POINTER(ctypes.c_float)
+_I64 = ctypes.c_int64
+
+
+class NModel(ctypes.Structure):
+    _fields_ = ([(f, _I64) for f in ("L", "n", "d", "H", "KV", "hd", "hada", "max_seq", "vocab",
+                                     "sinkhorn_iters")]
+                + [(f, ctypes.c_float) for f in ("eps", "attn_scale", "walsh_scale")]
+                + [(f, _P) for f in ("emb", "qkvg", "out", "router", "qn", "kn", "pre", "post",
+                                     "pre_hada", "attn_gate", "d1", "d2", "d3", "pre_bias",
+                                     "post_bias", "a_pre", "a_post", "a_res", "b_res", "cos_t",
+                                     "sin_t", "final_scale")]
+                + [("site_of_layer", ctypes.POINTER(_I64))]
+                + [(f, _I64) for f in ("sites", "T", "sub", "taps", "dil", "ering")]
+                + [(f, ctypes.POINTER(_P)) for f in ("tables", "eng_kv", "eng_taps")])
+
+
+class NState(ctypes.Structure):
+    _fields_ = [("k", _P), ("v", _P), ("key_ok", ctypes.POINTER(ctypes.c_uint8)),
+                ("lanes", _P), ("hidden", _P), ("vraw", _P), ("R", _I64), ("window", _I64)]
+
+
+def ptr(t: torch.Tensor, kind=_P):
+    """A C pointer to a contiguous CPU tensor's data (the caller keeps the tensor alive)."""
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError(f"native kernels need contiguous CPU tensors, got {t.device} "
+                         f"strides {t.stride()}")
+    return ctypes.cast(t.data_ptr(), kind)
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise NativeUnavailable("no C compiler found (set CC, or install gcc) for the native "
+                                "CPU step; use backend='torch'")
+    return cc
+
+
+def _cache_dir() -> str:
+    return os.environ.get("NEEDLE_NATIVE_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "needle-parity")
+
+
+def _cpu_id() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags"))][:2]
+    except OSError:
+        lines = []
+    return platform.machine() + "".join(lines)
+
+
+def build() -> str:
+    """Path of the shared library, compiling it when no matching build is cached."""
+    cc = _compiler()
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                                 timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NativeUnavailable(f"C compiler {cc!r} does not run: {e}") from e
+    with open(SOURCE, "rb") as f:
+        src = f.read()
+    key = hashlib.sha256(src + " ".join(FLAGS).encode() + version.encode()
+                         + _cpu_id().encode()).hexdigest()[:16]
+    out_dir = _cache_dir()
+    path = os.path.join(out_dir, f"needle_step-{key}.so")
+    if os.path.exists(path):
+        return path
+    os.makedirs(out_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        res = subprocess.run([cc, *FLAGS, "-o", tmp, SOURCE, "-lm"], capture_output=True,
+                             text=True, timeout=300)
+        if res.returncode != 0:
+            raise NativeUnavailable(f"compiling {SOURCE} with {cc} failed:\n{res.stderr}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def lib():
+    """The loaded library (built on first use)."""
+    global _lib
+    if _lib is None:
+        so = ctypes.CDLL(build())
+        so.nat_gemm.argtypes = [_P, _I64, _P, _I64, _I64, _P]
+        so.nat_set_threads.argtypes = [_I64]
+        so.nat_sinkhorn.argtypes = [_P, _I64, _I64]
+        so.nat_scratch_floats.argtypes = [ctypes.POINTER(NModel), _I64]
+        so.nat_scratch_floats.restype = _I64
+        i64p, u8p = ctypes.POINTER(_I64), ctypes.POINTER(ctypes.c_uint8)
+        so.nat_rows.argtypes = [ctypes.POINTER(NModel), ctypes.POINTER(NState), _I64, _I64,
+                                i64p, i64p, _P, u8p, u8p, _P, ctypes.POINTER(_P), _I64, _P]
+        so.nat_rows.restype = _I64
+        _lib = so
+    return _lib
+
+
+def set_threads(n: int) -> None:
+    """Threads for the weight products (output rows split; bits do not depend on it)."""
+    lib().nat_set_threads(int(n))
+
+
+def available() -> bool:
+    try:
+        lib()
+    except NativeUnavailable:
+        return False
+    return True
+
+
+def _f32(x: torch.Tensor, name: str) -> torch.Tensor:
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"{name} must be a float32 CPU tensor, got {x.dtype} on {x.device}")
+    return x.contiguous()
+
+
+def gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] times w [N, K] (row-major [out, in]) -> [M, N]; row r's bits do not depend
+    on M."""
+    x, w = _f32(x, "x"), _f32(w, "w")
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"gemm needs x [M, K] and w [N, K]; got {list(x.shape)}, "
+                         f"{list(w.shape)}")
+    M, K, N = x.shape[0], x.shape[1], w.shape[0]
+    if out is None:
+        out = torch.empty(M, N)
+    elif tuple(out.shape) != (M, N) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous float32 [{M}, {N}], got {out.dtype} "
+                         f"{list(out.shape)}")
+    lib().nat_gemm(ptr(x), M, ptr(w), N, K, ptr(out))
+    return out
+
+
+def sinkhorn(z: torch.Tensor, iters: int = 20) -> torch.Tensor:
+    """The step's log-domain Sinkhorn of one n x n matrix, then exp (a copy; z is kept)."""
+    z = _f32(z, "z").clone()
+    if z.dim() != 2 or z.shape[0] != z.shape[1]:
+        raise ValueError(f"sinkhorn needs a square matrix, got {list(z.shape)}")
+    lib().nat_sinkhorn(ptr(z), z.shape[0], int(iters))
+    return z

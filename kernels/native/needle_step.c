@@ -1,0 +1,461 @@
+/* The needle v2 decode step for the CPU in plain C: every layer of m positions in one call.
+
+   Why C: an eager PyTorch step at the shipped geometry is a few thousand tiny operator
+   dispatches (27 layers of norms, lane routing and 40 Sinkhorn normalisations of a 4x4
+   matrix), each costing microseconds while doing nanoseconds of arithmetic. Here the same
+   math is a loop, and the weight products stream the float32 matrices once.
+
+   Reproducibility: compiled without -ffast-math and with -ffp-contract=off, so every
+   product and sum is an IEEE float32 operation in the order written here. Dot products keep
+   16 lane accumulators in a fixed order and reduce them by a fixed tree: a row's result does
+   not depend on how many rows share the call (prefill == steps, bit for bit) nor on the
+   vector width the compiler picked.
+
+   Shapes (float32, row-major): weight matrices are [out, in]; the KV ring is
+   [L, KV, R, hd] with slot = pos % R; lanes X are [m, n, d]. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
+
+#define LANES 16
+
+typedef struct {
+    int64_t L, n, d, H, KV, hd, hada, max_seq, vocab, sinkhorn_iters;
+    float eps, attn_scale, walsh_scale;
+    const float *emb;                     /* [vocab, d] tied embedding / LM head */
+    const float *qkvg, *out, *router;     /* [L, 2attn+2kvd, d], [L, d, attn], [L, 2n+n^2, n*d] */
+    const float *qn, *kn;                 /* [L, hd] */
+    const float *pre, *post, *pre_hada;   /* [L, d] */
+    const float *attn_gate;               /* [L], already through the sigmoid */
+    const float *d1, *d2, *d3;            /* [L, hada] */
+    const float *pre_bias, *post_bias;    /* [L, n], lane offsets folded in */
+    const float *a_pre, *a_post, *a_res;  /* [L] */
+    const float *b_res;                   /* [L, n, n] */
+    const float *cos_t, *sin_t;           /* [max_seq, hd/2] */
+    const float *final_scale;             /* [d] */
+    const int64_t *site_of_layer;         /* [L], -1: no Engram site */
+    /* Engram: `sites` sites of T = orders*heads tables with `sub` columns each; the value
+       ring holds `ering` un-convolved rows; `taps` taps `dil` positions apart. */
+    int64_t sites, T, sub, taps, dil, ering;
+    const float **tables;                 /* per site [T*slots, sub] */
+    const float **eng_kv;                 /* per site [2d, T*sub]: key rows, then value rows */
+    const float **eng_taps;               /* per site [taps, d] */
+} NModel;
+
+typedef struct {
+    float *k, *v;                          /* [L, KV, R, hd] */
+    uint8_t *key_ok;                       /* [R] */
+    float *lanes, *hidden;                 /* [n, d], [d] */
+    float *vraw;                           /* [sites, ering, d] Engram value ring */
+    int64_t R, window;                     /* window 0: every position so far */
+} NState;
+
+/* ---- small helpers ---- */
+
+float nat_dot(const float *a, const float *b, int64_t K)
+{
+    float acc[LANES] = {0};
+    int64_t k = 0;
+#ifdef __AVX__
+    __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps();
+    for (; k + LANES <= K; k += LANES) {
+        c0 = _mm256_add_ps(c0, _mm256_mul_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k)));
+        c1 = _mm256_add_ps(c1, _mm256_mul_ps(_mm256_loadu_ps(a + k + 8),
+                                             _mm256_loadu_ps(b + k + 8)));
+    }
+    _mm256_storeu_ps(acc, c0);
+    _mm256_storeu_ps(acc + 8, c1);
+#else
+    for (; k + LANES <= K; k += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += a[k + j] * b[k + j];
+#endif
+    for (int j = 0; k + j < K; j++) acc[j] += a[k + j] * b[k + j];
+    for (int s = LANES / 2; s; s >>= 1)
+        for (int j = 0; j < s; j++) acc[j] += acc[j + s];
+    return acc[0];
+}
+
+/* nat_dot of four rows against one weight row, sharing its loads: each row's lanes see
+   exactly the operations nat_dot would do (a multiply, then an add, lane by lane), so the
+   result is bit-identical to four calls. */
+static void dot4(const float *a, int64_t lda, const float *b, int64_t K, float *out,
+                 int64_t ldo)
+{
+    float acc[4][LANES] = {{0}};
+    int64_t k = 0;
+#ifdef __AVX__
+    __m256 c[4][2];
+    for (int r = 0; r < 4; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
+    for (; k + LANES <= K; k += LANES) {
+        __m256 b0 = _mm256_loadu_ps(b + k), b1 = _mm256_loadu_ps(b + k + 8);
+        for (int r = 0; r < 4; r++) {
+            const float *ar = a + r * lda + k;
+            c[r][0] = _mm256_add_ps(c[r][0], _mm256_mul_ps(_mm256_loadu_ps(ar), b0));
+            c[r][1] = _mm256_add_ps(c[r][1], _mm256_mul_ps(_mm256_loadu_ps(ar + 8), b1));
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        _mm256_storeu_ps(acc[r], c[r][0]);
+        _mm256_storeu_ps(acc[r] + 8, c[r][1]);
+    }
+#else
+    for (; k + LANES <= K; k += LANES)
+        for (int r = 0; r < 4; r++)
+            for (int j = 0; j < LANES; j++) acc[r][j] += a[r * lda + k + j] * b[k + j];
+#endif
+    for (int r = 0; r < 4; r++) {
+        for (int j = 0; k + j < K; j++) acc[r][j] += a[r * lda + k + j] * b[k + j];
+        for (int s = LANES / 2; s; s >>= 1)
+            for (int j = 0; j < s; j++) acc[r][j] += acc[r][j + s];
+        out[r * ldo] = acc[r][0];
+    }
+}
+
+/* y[r, o] = x[r, :] . W[o, :] for r < M, o < N. The weight row stays in L1 while every
+   input row uses it, so a chunk of M rows reads the matrix from memory once. */
+static int nat_threads = 1;
+
+void nat_set_threads(int64_t t) { nat_threads = t < 1 ? 1 : (int)t; }
+
+void nat_gemm(const float *x, int64_t M, const float *W, int64_t N, int64_t K, float *y)
+{
+    /* Output rows split across threads: a value's arithmetic does not depend on the split. */
+#pragma omp parallel for schedule(static) num_threads(nat_threads) if (nat_threads > 1 && N * K >= (1 << 16))
+    for (int64_t o = 0; o < N; o++) {
+        const float *w = W + o * K;
+        int64_t r = 0;
+        for (; r + 4 <= M; r += 4) dot4(x + r * K, K, w, K, y + r * N + o, N);
+        for (; r < M; r++) y[r * N + o] = nat_dot(x + r * K, w, K);
+    }
+}
+
+static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static float rms_inv(const float *x, int64_t n, float eps)
+{
+    return 1.0f / sqrtf(nat_dot(x, x, n) / (float)n + eps);
+}
+
+/* (1 + g) * x / rms(x) */
+static void zc(const float *x, const float *g, int64_t n, float eps, float *y)
+{
+    float r = rms_inv(x, n, eps);
+    for (int64_t i = 0; i < n; i++) y[i] = (1.0f + g[i]) * x[i] * r;
+}
+
+static void rope(float *x, const float *c, const float *s, int64_t hd)
+{
+    int64_t half = hd / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half];
+        x[i] = a * c[i] - b * s[i];
+        x[i + half] = b * c[i] + a * s[i];
+    }
+}
+
+static float lse(const float *z, int64_t stride, int64_t n)
+{
+    float mx = -INFINITY, s = 0.0f;
+    for (int64_t i = 0; i < n; i++) mx = z[i * stride] > mx ? z[i * stride] : mx;
+    for (int64_t i = 0; i < n; i++) s += expf(z[i * stride] - mx);
+    return mx + logf(s);
+}
+
+/* Log-domain Sinkhorn on an n x n matrix in place (rows, then columns, `iters` times),
+   then exp: the doubly stochastic mixing matrix of the lanes. */
+void nat_sinkhorn(float *z, int64_t n, int64_t iters)
+{
+    for (int64_t it = 0; it < iters; it++) {
+        for (int64_t i = 0; i < n; i++) {
+            float l = lse(z + i * n, 1, n);
+            for (int64_t j = 0; j < n; j++) z[i * n + j] -= l;
+        }
+        for (int64_t j = 0; j < n; j++) {
+            float l = lse(z + j, n, n);
+            for (int64_t i = 0; i < n; i++) z[i * n + j] -= l;
+        }
+    }
+    for (int64_t i = 0; i < n * n; i++) z[i] = expf(z[i]);
+}
+
+/* Unnormalised Walsh-Hadamard transform in natural (Sylvester) order, then the scale. */
+static void fwht(float *x, int64_t n, float scale)
+{
+    for (int64_t h = 1; h < n; h <<= 1)
+        for (int64_t i = 0; i < n; i += h << 1)
+            for (int64_t j = i; j < i + h; j++) {
+                float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    for (int64_t i = 0; i < n; i++) x[i] *= scale;
+}
+
+/* ---- scratch ---- */
+
+typedef struct {
+    float *nx, *r, *hpre, *u, *alpha, *bx, *h, *hpost, *res, *qkvg, *og, *a,
+          *q, *kk, *o, *scores, *hbuf, *ap, *z, *mi, *mo, *y, *xn, *X, *ek, *ev, *e, *kv;
+} Scratch;
+
+static int64_t nq_of(const NModel *M) { return 2 * M->H * M->hd + 2 * M->KV * M->hd; }
+static int64_t nr_of(const NModel *M) { return 2 * M->n + M->n * M->n; }
+
+static float *carve(const NModel *M, int64_t m, float *base, Scratch *s)
+{
+    int64_t n = M->n, d = M->d, attn = M->H * M->hd;
+    float *p = base;
+#define TAKE(f, cnt) do { s->f = p; p += (cnt); } while (0)
+    TAKE(nx, m * n * d); TAKE(r, m * nr_of(M)); TAKE(hpre, m * n); TAKE(u, m * d);
+    TAKE(alpha, m); TAKE(bx, m * d); TAKE(h, m * d); TAKE(hpost, m * n); TAKE(res, m * n * n);
+    TAKE(qkvg, m * nq_of(M)); TAKE(og, m * attn); TAKE(a, m * d);
+    TAKE(q, attn); TAKE(kk, M->KV * M->hd); TAKE(o, attn); TAKE(scores, M->max_seq);
+    TAKE(hbuf, M->hada); TAKE(ap, d); TAKE(z, d); TAKE(mi, d); TAKE(mo, d); TAKE(y, d);
+    TAKE(xn, n * d); TAKE(X, m * n * d); TAKE(ek, M->sites * m * d);
+    TAKE(ev, M->sites * m * d); TAKE(e, m * M->T * M->sub); TAKE(kv, m * 2 * d);
+#undef TAKE
+    return p;
+}
+
+int64_t nat_scratch_floats(const NModel *M, int64_t m)
+{
+    Scratch s;
+    return carve(M, m, (float *)0, &s) - (float *)0;
+}
+
+/* ---- one layer ---- */
+
+static void cap_put(float **cap, int idx, int64_t layer, const float *v, int64_t cnt)
+{
+    if (cap && cap[idx]) memcpy(cap[idx] + layer * cnt, v, (size_t)cnt * sizeof(float));
+}
+
+enum { C_NX, C_HPRE, C_U, C_ALPHA, C_BX, C_H, C_Q, C_K, C_V, C_ATTN, C_GATE, C_AOUT, C_APOST,
+       C_MI, C_MO, C_BLOCK, C_Y, C_HPOST, C_RES, C_HRES, C_X, C_MEAN, C_EMBED,
+       C_EK, C_EV };
+
+/* Attention of one row at position `pos`: norms and RoPE, the ring write, then softmax over
+   the window in position order (oldest first), skipping keys marked absent. */
+static void attend_row(const NModel *M, NState *S, int64_t i, int64_t pos, uint8_t valid,
+                       const float *qkvg, float *og, Scratch *s, float **cap, int first)
+{
+    int64_t H = M->H, KV = M->KV, hd = M->hd, attn = H * hd, kvd = KV * hd, R = S->R;
+    int64_t half = hd / 2, rep = H / KV, slot = pos % R;
+    const float *c = M->cos_t + pos * half, *sn = M->sin_t + pos * half;
+    for (int64_t hh = 0; hh < H; hh++) {
+        zc(qkvg + hh * hd, M->qn + i * hd, hd, M->eps, s->q + hh * hd);
+        rope(s->q + hh * hd, c, sn, hd);
+    }
+    for (int64_t g = 0; g < KV; g++) {
+        zc(qkvg + attn + g * hd, M->kn + i * hd, hd, M->eps, s->kk + g * hd);
+        rope(s->kk + g * hd, c, sn, hd);
+        size_t at = (size_t)(((i * KV + g) * R + slot) * hd);
+        memcpy(S->k + at, s->kk + g * hd, (size_t)hd * sizeof(float));
+        memcpy(S->v + at, qkvg + attn + kvd + g * hd, (size_t)hd * sizeof(float));
+    }
+    S->key_ok[slot] = valid;
+    int64_t lo = S->window ? pos - S->window + 1 : 0;
+    if (lo < 0) lo = 0;
+    for (int64_t hh = 0; hh < H; hh++) {
+        int64_t g = hh / rep;
+        const float *kb = S->k + (size_t)((i * KV + g) * R) * hd;
+        const float *vb = S->v + (size_t)((i * KV + g) * R) * hd;
+        float mx = -INFINITY, l = 0.0f, *o = s->o + hh * hd;
+        for (int64_t p = lo; p <= pos; p++) {
+            int64_t sl = p % R;
+            float sc = S->key_ok[sl] ? nat_dot(s->q + hh * hd, kb + sl * hd, hd) * M->attn_scale
+                                     : -INFINITY;
+            s->scores[p - lo] = sc;
+            mx = sc > mx ? sc : mx;
+        }
+        memset(o, 0, (size_t)hd * sizeof(float));
+        if (mx == -INFINITY) continue;          /* nothing to attend to: zeros, never NaN */
+        for (int64_t p = lo; p <= pos; p++) {
+            float sc = s->scores[p - lo];
+            if (sc == -INFINITY) continue;
+            float e = expf(sc - mx);
+            const float *vr = vb + (p % R) * hd;
+            l += e;
+            for (int64_t t = 0; t < hd; t++) o[t] += e * vr[t];
+        }
+        for (int64_t t = 0; t < hd; t++) o[t] /= l;
+    }
+    const float *graw = qkvg + attn + 2 * kvd;
+    for (int64_t t = 0; t < attn; t++) og[t] = s->o[t] * sigmoidf_(graw[t]);
+    if (first) {
+        cap_put(cap, C_Q, i, s->q, attn); cap_put(cap, C_K, i, s->kk, kvd);
+        cap_put(cap, C_V, i, qkvg + attn + kvd, kvd); cap_put(cap, C_ATTN, i, s->o, attn);
+        if (cap && cap[C_GATE])
+            for (int64_t t = 0; t < attn; t++) cap[C_GATE][i * attn + t] = sigmoidf_(graw[t]);
+    }
+}
+
+static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0, float *X,
+                  const float *ek, const float *ev, const uint8_t *valid, Scratch *s,
+                  float **cap)
+{
+    int64_t n = M->n, d = M->d, H = M->H, hd = M->hd, attn = H * hd, nd = n * d;
+    int64_t nr = nr_of(M), nq = nq_of(M), hada = M->hada, site = M->site_of_layer[i];
+    for (int64_t r = 0; r < m; r++) {
+        float ri = rms_inv(X + r * nd, nd, M->eps);
+        for (int64_t t = 0; t < nd; t++) s->nx[r * nd + t] = X[r * nd + t] * ri;
+    }
+    nat_gemm(s->nx, m, M->router + i * nr * nd, nr, nd, s->r);
+    for (int64_t r = 0; r < m; r++) {
+        const float *rr = s->r + r * nr, *Xr = X + r * nd;
+        float *hpre = s->hpre + r * n, *u = s->u + r * d, *bx = s->bx + r * d;
+        for (int64_t l = 0; l < n; l++)
+            hpre[l] = sigmoidf_(M->a_pre[i] * rr[l] + M->pre_bias[i * n + l]);
+        for (int64_t t = 0; t < d; t++) {
+            float acc = 0.0f;
+            for (int64_t l = 0; l < n; l++) acc += hpre[l] * Xr[l * d + t];
+            u[t] = acc;
+        }
+        s->alpha[r] = 0.0f;
+        memcpy(bx, u, (size_t)d * sizeof(float));
+        if (site >= 0) {
+            const float *k = ek + (site * m + r) * d, *v = ev + (site * m + r) * d;
+            float ru = rms_inv(u, d, M->eps), rk = rms_inv(k, d, M->eps), acc[LANES] = {0};
+            for (int64_t t = 0; t < d; t++) acc[t % LANES] += (u[t] * ru) * (k[t] * rk);
+            for (int w = LANES / 2; w; w >>= 1)
+                for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+            float al = sigmoidf_(acc[0] / sqrtf((float)d));
+            s->alpha[r] = al;
+            for (int64_t t = 0; t < d; t++) bx[t] = u[t] + al * v[t];
+        }
+        zc(bx, M->pre + i * d, d, M->eps, s->h + r * d);
+        for (int64_t l = 0; l < n; l++)
+            s->hpost[r * n + l] = 2.0f * sigmoidf_(M->a_post[i] * rr[n + l]
+                                                   + M->post_bias[i * n + l]);
+        float *res = s->res + r * n * n;
+        for (int64_t t = 0; t < n * n; t++)
+            res[t] = M->a_res[i] * rr[2 * n + t] + M->b_res[i * n * n + t];
+        if (r == 0 && cap) {
+            cap_put(cap, C_NX, i, s->nx, nd); cap_put(cap, C_HPRE, i, hpre, n);
+            cap_put(cap, C_U, i, u, d); cap_put(cap, C_ALPHA, i, s->alpha, 1);
+            cap_put(cap, C_BX, i, bx, d); cap_put(cap, C_H, i, s->h, d);
+            cap_put(cap, C_HPOST, i, s->hpost, n); cap_put(cap, C_RES, i, res, n * n);
+        }
+        nat_sinkhorn(res, n, M->sinkhorn_iters);
+        if (r == 0) cap_put(cap, C_HRES, i, res, n * n);
+    }
+    nat_gemm(s->h, m, M->qkvg + i * nq * d, nq, d, s->qkvg);
+    for (int64_t r = 0; r < m; r++)          /* in order: row r reads the rows before it */
+        attend_row(M, S, i, pos0 + r, valid[r], s->qkvg + r * nq, s->og + r * attn, s, cap,
+                   r == 0);
+    nat_gemm(s->og, m, M->out + i * d * attn, d, attn, s->a);
+    for (int64_t r = 0; r < m; r++) {
+        const float *a = s->a + r * d, *bx = s->bx + r * d, *u = s->u + r * d;
+        float *Xr = X + r * nd;
+        zc(a, M->post + i * d, d, M->eps, s->ap);
+        for (int64_t t = 0; t < d; t++) s->z[t] = bx[t] + M->attn_gate[i] * s->ap[t];
+        zc(s->z, M->pre_hada + i * d, d, M->eps, s->mi);
+        const float *d1 = M->d1 + i * hada, *d2 = M->d2 + i * hada, *d3 = M->d3 + i * hada;
+        for (int64_t t = 0; t < hada; t++) s->hbuf[t] = t < d ? d1[t] * s->mi[t] : 0.0f;
+        fwht(s->hbuf, hada, M->walsh_scale);
+        for (int64_t t = 0; t < hada; t++) {
+            float e = d2[t] * s->hbuf[t];
+            s->hbuf[t] = e / (1.0f + expf(-e));
+        }
+        fwht(s->hbuf, hada, M->walsh_scale);
+        for (int64_t t = 0; t < d; t++) s->mo[t] = d3[t] * s->hbuf[t];
+        for (int64_t t = 0; t < d; t++) s->y[t] = s->z[t] + s->mo[t] - u[t];
+        const float *P = s->res + r * n * n, *hpost = s->hpost + r * n;
+        for (int64_t l = 0; l < n; l++)
+            for (int64_t t = 0; t < d; t++) {
+                float acc = 0.0f;
+                for (int64_t j = 0; j < n; j++) acc += P[l * n + j] * Xr[j * d + t];
+                s->xn[l * d + t] = acc + hpost[l] * s->y[t];
+            }
+        if (r == 0 && cap) {
+            cap_put(cap, C_AOUT, i, a, d); cap_put(cap, C_APOST, i, s->ap, d);
+            cap_put(cap, C_MI, i, s->mi, d); cap_put(cap, C_MO, i, s->mo, d);
+            float *blk = s->hbuf;                 /* free again: z + mo for the trace */
+            for (int64_t t = 0; t < d; t++) blk[t] = s->z[t] + s->mo[t];
+            cap_put(cap, C_BLOCK, i, blk, d); cap_put(cap, C_Y, i, s->y, d);
+            cap_put(cap, C_X, i, s->xn, nd);
+        }
+        memcpy(Xr, s->xn, (size_t)nd * sizeof(float));
+    }
+}
+
+/* Engram keys and convolved values of every site for m rows: the gathered table rows (an
+   n-gram whose oldest token is absent contributes zeros), one key|value product for the
+   chunk, then row by row the value ring write and the dilated taps over present rows (a
+   row's taps read the rows before it, so the ring is written in order). */
+static void engram(const NModel *M, NState *S, int64_t m, int64_t pos0, const int64_t *flat,
+                   const float *ok, const uint8_t *tap_ok, Scratch *s, float **cap)
+{
+    int64_t d = M->d, T = M->T, sub = M->sub, Re = M->ering;
+    for (int64_t st = 0; st < M->sites; st++) {
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t t = 0; t < T; t++) {
+                const float *row = M->tables[st] + flat[r * T + t] * sub;
+                float *e = s->e + (r * T + t) * sub, f = ok[r * T + t];
+                for (int64_t c = 0; c < sub; c++) e[c] = row[c] * f;
+            }
+        nat_gemm(s->e, m, M->eng_kv[st], 2 * d, T * sub, s->kv);
+        for (int64_t r = 0; r < m; r++) {
+            int64_t p = pos0 + r;
+            const float *kv = s->kv + r * 2 * d;
+            float *k = s->ek + (st * m + r) * d, *v = s->ev + (st * m + r) * d;
+            memcpy(k, kv, (size_t)d * sizeof(float));
+            memcpy(S->vraw + (st * Re + p % Re) * d, kv + d, (size_t)d * sizeof(float));
+            memset(v, 0, (size_t)d * sizeof(float));
+            for (int64_t j = 0; j < M->taps; j++) {
+                if (!tap_ok[r * M->taps + j]) continue;
+                const float *src = S->vraw + (st * Re + (p - j * M->dil) % Re) * d;
+                const float *tp = M->eng_taps[st] + j * d;
+                for (int64_t c = 0; c < d; c++) v[c] = v[c] + tp[c] * src[c];
+            }
+            if (r == 0) {
+                cap_put(cap, C_EK, st, k, d);
+                cap_put(cap, C_EV, st, v, d);
+            }
+        }
+    }
+}
+
+/* Rows for the tokens tok[0..m-1] at positions pos0..: embedding, Engram (flat table rows
+   [m, T], their presence [m, T], tap presence [m, taps], key presence [m]: the host's n-gram
+   hashes and validity bits), every layer, then the last row's lanes, the final norm and
+   (want_logits) the LM head into `logits`. Returns 0, or -1 for positions past max_seq or
+   a token outside the vocabulary (nothing written then). */
+int64_t nat_rows(const NModel *M, NState *S, int64_t m, int64_t pos0, const int64_t *tok,
+                 const int64_t *flat, const float *ok, const uint8_t *tap_ok,
+                 const uint8_t *valid, float *scratch, float **cap, int64_t want_logits,
+                 float *logits)
+{
+    if (m < 1 || pos0 < 0 || pos0 + m > M->max_seq) return -1;
+    for (int64_t r = 0; r < m; r++)
+        if (tok[r] < 0 || tok[r] >= M->vocab) return -1;
+    Scratch s;
+    carve(M, m, scratch, &s);
+    float sq = (float)sqrt((double)M->d);
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t l = 0; l < M->n; l++)
+            for (int64_t t = 0; t < M->d; t++)
+                s.X[(r * M->n + l) * M->d + t] = M->emb[tok[r] * M->d + t] * sq;
+    cap_put(cap, C_EMBED, 0, s.X, M->d);
+    engram(M, S, m, pos0, flat, ok, tap_ok, &s, cap);
+    float *X = s.X;
+    for (int64_t i = 0; i < M->L; i++)
+        layer(M, S, i, m, pos0, X, s.ek, s.ev, valid, &s, cap);
+    int64_t n = M->n, d = M->d;
+    const float *last = X + (m - 1) * n * d;
+    memcpy(S->lanes, last, (size_t)(n * d) * sizeof(float));
+    for (int64_t t = 0; t < d; t++) {
+        float acc = 0.0f;
+        for (int64_t l = 0; l < n; l++) acc += last[l * d + t];
+        s.z[t] = acc / (float)n;
+    }
+    float ri = rms_inv(s.z, d, M->eps);
+    for (int64_t t = 0; t < d; t++) S->hidden[t] = (1.0f + M->final_scale[t]) * (s.z[t] * ri);
+    cap_put(cap, C_MEAN, 0, s.z, d);
+    if (want_logits) nat_gemm(S->hidden, 1, M->emb, M->vocab, d, logits);
+    return 0;
+}

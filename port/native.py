@@ -1,0 +1,177 @@
+"""backend="native": the whole step of m positions in one call to the C step
+(kernels/native/needle_step.c) on the model's dense float32 weights.
+
+The model's weights are bound once (NativeModel keeps every tensor the C side points to); each
+state gets its binding, scratch and host arrays once (NativeBuffers, grown only when a prefill
+chunk is wider than any before), so a step allocates no tensor: the host computes the n-gram
+hashes and validity bits into preallocated ctypes arrays and the C side writes the caches,
+lanes, hidden vector and logits in place.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+
+from kernels import native
+from kernels.native import NModel, NState, ptr
+
+_I64P = ctypes.POINTER(ctypes.c_int64)
+_U8P = ctypes.POINTER(ctypes.c_uint8)
+
+
+class NativeModel:
+    """A V2Model's prepared weights as the C step's NModel."""
+
+    def __init__(self, cfg, w: dict):
+        if w["rotate"]:
+            raise ValueError("backend='native' computes on dense float32 matrices; build the "
+                             "model with weights='dense' (a .cact is dequantised at load)")
+        self.lib = native.lib()
+        self.cfg, keep = cfg, []
+
+        def p(t, kind=native._P):
+            t = t.detach().contiguous()
+            keep.append(t)
+            return ptr(t, kind)
+
+        L = cfg.num_layers
+        sites = w["sites"]
+        self.T = len(cfg.engram_orders) * cfg.engram_heads_eff
+        self.orders = [o for o in cfg.engram_orders for _ in range(cfg.engram_heads_eff)]
+        site_of = torch.tensor([-1 if cfg.site_of_layer(i) is None else cfg.site_of_layer(i)
+                                for i in range(L)], dtype=torch.int64)
+        arr = lambda ts: (native._P * max(1, len(ts)))(*[p(t) for t in ts])
+        self._arrays = [arr([s["tables"] for s in sites]), arr([s["kv"].t() for s in sites]),
+                        arr([s["taps"] for s in sites])]
+        self.m = NModel(
+            L=L, n=cfg.mhc_lanes, d=cfg.d_model, H=cfg.num_heads, KV=cfg.num_kv_heads,
+            hd=cfg.head_dim, hada=cfg.hada_n, max_seq=cfg.max_seq_len, vocab=cfg.vocab_size,
+            sinkhorn_iters=20, eps=1e-6, attn_scale=1.0 / math.sqrt(cfg.head_dim),
+            walsh_scale=float(w["walsh"][0, 0]),
+            emb=p(w["emb"]), qkvg=p(w["qkvg"]), out=p(w["out"]), router=p(w["router"]),
+            qn=p(w["qn"]), kn=p(w["kn"]), pre=p(w["pre"]), post=p(w["post"]),
+            pre_hada=p(w["pre_hada"]), attn_gate=p(w["attn_gate"]), d1=p(w["d1"]),
+            d2=p(w["d2"]), d3=p(w["d3"]), pre_bias=p(w["pre_bias"]),
+            post_bias=p(w["post_bias"]), a_pre=p(w["a_pre"]), a_post=p(w["a_post"]),
+            a_res=p(w["a_res"]), b_res=p(w["b_res"]), cos_t=p(w["cos"]), sin_t=p(w["sin"]),
+            final_scale=p(w["final"]), site_of_layer=p(site_of, _I64P),
+            sites=len(sites), T=self.T, sub=cfg.engram_sub, taps=cfg.engram_taps,
+            dil=cfg.engram_dilation, ering=(cfg.engram_taps - 1) * cfg.engram_dilation + 1,
+            tables=self._arrays[0], eng_kv=self._arrays[1], eng_taps=self._arrays[2])
+        self._keep = keep
+        self.sizes = self._capture_sizes(cfg)
+
+    @staticmethod
+    def _capture_sizes(cfg) -> dict:
+        n, d, H, KV, hd = cfg.mhc_lanes, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, \
+            cfg.head_dim
+        return {"nx": (n * d,), "hpre": (n,), "u": (d,), "alpha": (), "bx": (d,),
+                "h_in": (d,), "q": (H, hd), "k": (KV, hd), "v": (KV, hd), "attn": (H * hd,),
+                "gate": (H * hd,), "attn_out": (d,), "attn_post": (d,), "mlp_in": (d,),
+                "mlp_out": (d,), "block_out": (d,), "y": (d,), "hpost": (n,),
+                "res_logits": (n, n), "hres": (n, n), "x": (n, d), "lane_mean": (d,),
+                "embed": (d,), "engram_k": (d,), "engram_v": (d,)}
+
+    def buffers(self, state) -> "NativeBuffers":
+        b = state.__dict__.get("_native")
+        if b is None or b.model is not self:
+            b = state._native = NativeBuffers(self, state)
+        return b
+
+
+class NativeBuffers:
+    """One state's binding: NState over its tensors, scratch and host arrays."""
+
+    def __init__(self, nm: NativeModel, state):
+        self.model, self.cap = nm, 0
+        self.s = NState(k=ptr(state.k), v=ptr(state.v), key_ok=ptr(state.key_ok, _U8P),
+                        lanes=ptr(state.lanes), hidden=ptr(state.hidden), vraw=ptr(state.vraw),
+                        R=state.ring, window=state.window)
+        self.state = state
+        self.grow(1)
+
+    def grow(self, m: int):
+        if m <= self.cap:
+            return
+        nm, cfg = self.model, self.model.cfg
+        self.cap = m
+        self.scratch = torch.zeros(int(nm.lib.nat_scratch_floats(ctypes.byref(nm.m), m)))
+        self.tok = (ctypes.c_int64 * m)()
+        self.flat = (ctypes.c_int64 * max(1, m * nm.T))()
+        self.ok = (ctypes.c_float * max(1, m * nm.T))()
+        self.tap_ok = (ctypes.c_uint8 * max(1, m * cfg.engram_taps))()
+        self.valid = (ctypes.c_uint8 * m)()
+
+
+def run_rows(model, nm: NativeModel, tokens: list, state, pos0: int, logits, trace,
+             want_logits: bool, pool=None):
+    """Feed `tokens` (already appended to state.tokens/valid) at pos0 through the C step."""
+    from .model import ngram_rows
+    cfg, m = model.cfg, len(tokens)
+    b = nm.buffers(state)
+    b.grow(m)
+    b.s.window = state.window
+    S, valid, dil = cfg.engram_slots, state.valid, cfg.engram_dilation
+    for r, tok in enumerate(tokens):
+        p = pos0 + r
+        b.tok[r] = tok
+        b.valid[r] = valid[p]
+        if nm.T and cfg.num_sites:
+            for t, row in enumerate(ngram_rows(cfg, state.tokens, p)):
+                b.flat[r * nm.T + t] = t * S + row
+                o = nm.orders[t]
+                b.ok[r * nm.T + t] = 1.0 if p - (o - 1) >= 0 and valid[p - (o - 1)] else 0.0
+            for j in range(cfg.engram_taps):
+                b.tap_ok[r * cfg.engram_taps + j] = p - j * dil >= 0 and valid[p - j * dil]
+    caps = None
+    if trace or pool is not None:
+        caps = {name: torch.zeros(_rows_of(name, cfg), *shape)
+                for name, shape in nm.sizes.items()}
+        order = native.CAPTURES + ("embed", "engram_k", "engram_v")
+        caps_arr = (native._P * len(order))(*[ptr(caps[k]) for k in order])
+    out = state.logits if logits is None else logits
+    rc = nm.lib.nat_rows(ctypes.byref(nm.m), ctypes.byref(b.s), m, pos0, b.tok, b.flat, b.ok,
+                         b.tap_ok, b.valid, ptr(b.scratch), caps_arr if caps else None,
+                         int(want_logits), ptr(out))
+    if rc != 0:                          # the caller checked everything: a bug if reached
+        raise RuntimeError(f"native step refused positions {pos0}..{pos0 + m - 1}")
+    if caps is not None:
+        _emit(model, caps, trace, pool, state, pos0, want_logits, out)
+    return out if want_logits else None
+
+
+def _rows_of(name: str, cfg) -> int:
+    if name in ("engram_k", "engram_v"):
+        return max(1, cfg.num_sites)
+    return 1 if name in ("lane_mean", "embed") else cfg.num_layers
+
+
+def _emit(model, caps, trace, pool, state, pos0, want_logits, out):
+    """The captured row-0 values in the torch path's order and shapes."""
+    cfg, sizes = model.cfg, model._native.sizes
+    if pool is not None:
+        keep = torch.tensor([state.valid[pos0]])
+        pool.add(caps["embed"], keep)
+        for i in range(cfg.num_layers):
+            pool.add(caps["x"][i].mean(0, keepdim=True), keep)
+    if not trace:
+        return
+    trace("embed", None, caps["embed"][0])
+    for s in range(cfg.num_sites):
+        trace(f"engram_k{s}", None, caps["engram_k"][s])
+        trace(f"engram_v{s}", None, caps["engram_v"][s])
+    for i in range(cfg.num_layers):
+        for name in ("nx", "hpre", "u", "alpha", "bx", "h_in", "q", "k", "v", "attn", "gate",
+                     "attn_out", "attn_post", "mlp_in", "mlp_out", "block_out", "y", "hpost",
+                     "res_logits", "hres"):
+            if name == "alpha" and cfg.site_of_layer(i) is None:
+                continue
+            trace(name, i, caps[name][i].reshape(sizes[name]))
+        trace("x", i, caps["x"][i])
+    trace("lane_mean", None, caps["lane_mean"][0])
+    trace("final_norm", None, state.hidden)
+    if want_logits:
+        trace("logits", None, out)
+
