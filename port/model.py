@@ -89,7 +89,7 @@ def rowvecs(x, wt):
 
 class V2Model:
     def __init__(self, cfg: V2Config, w: dict, device, backend: str = "torch",
-                 decode: str = "eager"):
+                 decode: str = "eager", packed: dict | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
         if decode not in DECODES:
@@ -102,7 +102,7 @@ class V2Model:
                 raise ValueError(f"backend='native' runs eagerly on the CPU (device="
                                  f"{self.device}, decode={decode!r})")
             from .native import NativeModel
-            self._native = NativeModel(cfg, w)
+            self._native = NativeModel(cfg, w, packed)
 
     # ---- construction ----
     @classmethod
@@ -131,9 +131,15 @@ class V2Model:
         if weights not in WEIGHT_FORMS:
             raise ValueError(f"weights={weights!r} is not one of {WEIGHT_FORMS}")
         cqw = None
-        if weights == "cq" and backend != "native":    # native: the dequantised matrices
-            cqw = {s.name: CqWeight.from_slot(s, "dense") for s in f.slots
+        if weights == "cq":
+            form = "packed" if backend == "native" else "dense"
+            cqw = {s.name: CqWeight.from_slot(s, form) for s in f.slots
                    if s.dtype == cact.DTYPE_CQ}
+        if weights == "cq" and backend == "native":    # the C step reads the codes as stored
+            model = cls(f.config, prepare_weights(f.params, f.config, None, device), device,
+                        backend, decode, packed=cqw)
+            model.tokenizer = f.tokenizer
+            return model
         model = cls._build(f.params, f.config, cqw, device, backend, decode)
         model.tokenizer = f.tokenizer
         return model
@@ -390,6 +396,9 @@ class V2Model:
         if not 0 <= i < self.cfg.num_layers or not 0 <= pos < state.pos:
             raise StepError(f"layer {i} / position {pos} outside 0..{self.cfg.num_layers - 1}"
                             f" / 0..{state.pos - 1}")
+        if "qkvg_t" not in self.w:
+            raise StepError("injection runs the torch layer on dense weights; this native "
+                            "model holds only packed codes (build it with weights='dense')")
         if engram is None:
             engram = self._engram(state.clone(), pos, 1, None)
         eng = [(k.reshape(1, -1), v.reshape(1, -1)) for k, v in engram]

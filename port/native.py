@@ -21,15 +21,21 @@ _I64P = ctypes.POINTER(ctypes.c_int64)
 _U8P = ctypes.POINTER(ctypes.c_uint8)
 
 
-class NativeModel:
-    """A V2Model's prepared weights as the C step's NModel."""
+DENSE_MATRICES = ("emb", "qkvg", "out", "router", "qkvg_t", "out_t", "router_t")
 
-    def __init__(self, cfg, w: dict):
+
+class NativeModel:
+    """A V2Model's prepared weights as the C step's NModel: dense float32 matrices, or with
+    `packed` (slot name -> CqWeight) the Cactus-Quants codes as stored, in which case the
+    dense matrices are dropped from `w` (only the codes stay resident)."""
+
+    def __init__(self, cfg, w: dict, packed: dict | None = None):
         if w["rotate"]:
-            raise ValueError("backend='native' computes on dense float32 matrices; build the "
-                             "model with weights='dense' (a .cact is dequantised at load)")
+            raise ValueError("backend='native' computes on dense float32 matrices or on the "
+                             "packed codes; build it with weights='dense' or from a .cact")
         self.lib = native.lib()
         self.cfg, keep = cfg, []
+        self.packed = packed is not None
 
         def p(t, kind=native._P):
             t = t.detach().contiguous()
@@ -43,14 +49,17 @@ class NativeModel:
         site_of = torch.tensor([-1 if cfg.site_of_layer(i) is None else cfg.site_of_layer(i)
                                 for i in range(L)], dtype=torch.int64)
         arr = lambda ts: (native._P * max(1, len(ts)))(*[p(t) for t in ts])
-        self._arrays = [arr([s["tables"] for s in sites]), arr([s["kv"].t() for s in sites]),
+        dense = packed is None
+        big = lambda name: p(w[name]) if dense else None    # packed: the codes instead
+        self._arrays = [arr([s["tables"] for s in sites] if dense else []),
+                        arr([s["kv"].t() for s in sites] if dense else []),
                         arr([s["taps"] for s in sites])]
         self.m = NModel(
             L=L, n=cfg.mhc_lanes, d=cfg.d_model, H=cfg.num_heads, KV=cfg.num_kv_heads,
             hd=cfg.head_dim, hada=cfg.hada_n, max_seq=cfg.max_seq_len, vocab=cfg.vocab_size,
             sinkhorn_iters=20, eps=1e-6, attn_scale=1.0 / math.sqrt(cfg.head_dim),
             walsh_scale=float(w["walsh"][0, 0]),
-            emb=p(w["emb"]), qkvg=p(w["qkvg"]), out=p(w["out"]), router=p(w["router"]),
+            emb=big("emb"), qkvg=big("qkvg"), out=big("out"), router=big("router"),
             qn=p(w["qn"]), kn=p(w["kn"]), pre=p(w["pre"]), post=p(w["post"]),
             pre_hada=p(w["pre_hada"]), attn_gate=p(w["attn_gate"]), d1=p(w["d1"]),
             d2=p(w["d2"]), d3=p(w["d3"]), pre_bias=p(w["pre_bias"]),
@@ -61,7 +70,43 @@ class NativeModel:
             dil=cfg.engram_dilation, ering=(cfg.engram_taps - 1) * cfg.engram_dilation + 1,
             tables=self._arrays[0], eng_kv=self._arrays[1], eng_taps=self._arrays[2])
         self._keep = keep
+        if packed is not None:
+            self._bind_packed(cfg, w, packed)
         self.sizes = self._capture_sizes(cfg)
+
+    def _bind_packed(self, cfg, w, packed):
+        from .cq import _byte_table
+        L, n = cfg.num_layers, cfg.mhc_lanes
+
+        def pk(name, row0=0, rows=None):
+            cw = packed[name]
+            return native.PackedCq(cw.packed, cw.norms, _byte_table(cw.bits), cw.in_features,
+                                   row0, rows)
+        lay = lambda i, k: pk(f"layer{i:02d}.{k}")
+        band = lambda k, i, r: pk(f"mhc_phi_{k}", i * r, r)
+        groups = {
+            "cq_qkvg": [lay(i, k) for i in range(L) for k in ("q_proj", "k_proj", "v_proj",
+                                                              "gate_proj")],
+            "cq_out": [lay(i, "out_proj") for i in range(L)],
+            "cq_router": [m for i in range(L) for m in (band("pre", i, n), band("post", i, n),
+                                                        band("res", i, n * n))],
+            "cq_emb": [pk("embedding")],
+            "cq_eng_kv": [pk(f"engram{s}.{k}") for s in range(cfg.num_sites)
+                          for k in ("key_proj", "value_proj")],
+            "cq_tables": [pk(f"engram{s}.tables") for s in range(cfg.num_sites)],
+        }
+        self._packed = [m for ms in groups.values() for m in ms]      # keep the codes alive
+        self._cq_arrays = {k: native.cq_array(ms) for k, ms in groups.items() if ms}
+        for k, arr in self._cq_arrays.items():
+            setattr(self.m, k, arr)
+        self.m.cq = 1
+        self.m.cq_max_in = max(m.in_pad for m in self._packed)
+        self.m.cq_lut = max(m.lut_floats for m in self._packed)
+        for k in DENSE_MATRICES:                    # only the codes stay resident
+            w.pop(k, None)
+        for site in w["sites"]:
+            site.pop("tables")
+            site.pop("kv")
 
     @staticmethod
     def _capture_sizes(cfg) -> dict:

@@ -104,13 +104,75 @@ def test_native_step_allocates_no_tensor(pair):
     assert allocs == []
 
 
-def test_native_from_cq_runs_on_the_dequantised_matrices(tiny_cfg, tiny_params):
+@pytest.fixture(scope="module")
+def packed(tiny_cfg, tiny_params):
     f = cact.build_cact(tiny_params, tiny_cfg)
-    nat = V2Model.from_cactfile(f, "cq", backend="native")
-    dense = V2Model.from_params(f.params, tiny_cfg)
-    sa, sb = nat.make_state(), dense.make_state()
-    for t in [5, 9, 200, 3, 3, 17, 90, 1, 2, 4]:
-        assert rule_for("port/logits", PORT_RULES).check(nat.step(t, sa), dense.step(t, sb))
+    return f, V2Model.from_cactfile(f, "cq", backend="native")
+
+
+def test_native_cq_reads_the_packed_codes(tiny_cfg, packed):
+    f, nat = packed
+    assert not any(k in nat.w for k in ("emb", "qkvg", "out", "router"))
+    assert all("tables" not in s and "kv" not in s for s in nat.w["sites"])
+    codes = sum(s.packed.numel() for s in f.slots if s.dtype == cact.DTYPE_CQ)
+    held = sum(m.packed.numel() for m in nat._native._packed)
+    assert held == codes                           # every matrix, each code once
+    torch_cq = V2Model.from_cactfile(f, "cq")
+    dense = V2Model.from_params(f.params, tiny_cfg)        # the reference's dequantised weights
+    sa, sb, sc = nat.make_state(), torch_cq.make_state(), dense.make_state()
+    for t in torch.randint(1, 256, (20,), generator=torch.Generator().manual_seed(2)).tolist():
+        la, lb, lc = nat.step(t, sa), torch_cq.step(t, sb), dense.step(t, sc)
+        assert rule_for("port/logits", PORT_RULES).check(la, lc), max_rel(la, lc)
+        assert rule_for("port/logits", PORT_RULES).check(lb, lc)
+    with pytest.raises(Exception, match="dense weights"):
+        nat.step_layer(0, sa.lanes, sa.clone(), 3)
+
+
+@given(st.lists(st.integers(0, 255), min_size=1, max_size=24), st.integers(1, 9),
+       st.integers(1, 8))
+def test_native_cq_prefill_and_ring_properties(packed, tokens, cap, window):
+    _, nat = packed
+    a, b = nat.make_state(), nat.make_state()
+    for t in tokens:
+        nat.step_prefill(t, a)
+    nat.prefill_batch(tokens, b, V2Batch(nat, cap))
+    assert torch.equal(a.k, b.k) and torch.equal(a.vraw, b.vraw) and torch.equal(a.lanes, b.lanes)
+    assert torch.equal(nat.step(7, a), nat.step(7, b))
+    ring, full = nat.make_state(), nat.make_state_full_causal()
+    ring.set_kv_window(window, nat)
+    full.set_kv_window(window, nat)
+    for t in tokens:
+        assert torch.equal(nat.step(t, ring), nat.step(t, full))
+
+
+@pytest.mark.parametrize("bits", [2, 4, cact.TERNARY])
+def test_packed_product_against_float64(bits):
+    from port.cq import CqWeight, _byte_table
+    g = torch.Generator().manual_seed(bits)
+    cw = CqWeight.from_dense(torch.randn(70, 300, generator=g), bits, "dense")
+    pk = native.PackedCq(cw.packed, cw.norms, _byte_table(bits), 300)
+    x = torch.randn(5, 300, generator=g)
+    exact_w = torch.stack([cw.dequantize_row(o) for o in range(70)]).double()
+    y = native.cq_product([pk, pk], x)                     # two matrices, one table
+    exact = x.double() @ exact_w.t()
+    rule = rule_for("native/cq", KERNEL_RULES)
+    assert rule.check(y[:, :70], exact) and torch.equal(y[:, :70], y[:, 70:]), max_rel(y[:, :70],
+                                                                                  exact)
+    for r in range(5):                                     # rows do not depend on the batch
+        assert torch.equal(native.cq_product([pk], x[r:r + 1])[0], y[r, :70])
+    assert rule.check(native.cq_row(pk, 11), cw.dequantize_row(11))
+    band = native.PackedCq(cw.packed, cw.norms, _byte_table(bits), 300, row0=20, rows=9)
+    assert torch.equal(native.cq_product([band], x), y[:, 20:29])
+
+
+def test_packed_refuses_three_bit_codes_and_bad_bands():
+    from port.cq import CqWeight, _byte_table
+    cw = CqWeight.from_dense(torch.randn(8, 128), 3, "dense")
+    with pytest.raises(ValueError, match="3-bit codes straddle"):
+        native.PackedCq(cw.packed, cw.norms, _byte_table(3), 128)
+    cw = CqWeight.from_dense(torch.randn(8, 128), 2, "dense")
+    with pytest.raises(ValueError, match="outside the matrix"):
+        native.PackedCq(cw.packed, cw.norms, _byte_table(2), 128, row0=5, rows=4)
 
 
 def test_native_refuses_what_it_cannot_run(tiny_cfg, tiny_params):

@@ -19,7 +19,9 @@ import tempfile
 
 import torch
 
-SOURCE = os.path.join(os.path.dirname(__file__), "needle_step.c")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = [os.path.join(HERE, f) for f in ("needle_step.c", "cq_packed.c")]
+HEADER = os.path.join(HERE, "native.h")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC",
          "-shared"]
 CAPTURES = ("nx", "hpre", "u", "alpha", "bx", "h_in", "q", "k", "v", "attn", "gate",
@@ -37,6 +39,12 @@ _P = ctypes.POINTER(ctypes.c_float)
 _I64 = ctypes.c_int64
 
 
+class CqMat(ctypes.Structure):
+    _fields_ = [("packed", ctypes.POINTER(ctypes.c_uint8)), ("norms", _P), ("blev", _P),
+                ("rows", _I64), ("in_features", _I64), ("in_pad", _I64), ("row_bytes", _I64),
+                ("per", _I64)]
+
+
 class NModel(ctypes.Structure):
     _fields_ = ([(f, _I64) for f in ("L", "n", "d", "H", "KV", "hd", "hada", "max_seq", "vocab",
                                      "sinkhorn_iters")]
@@ -47,7 +55,10 @@ class NModel(ctypes.Structure):
                                      "sin_t", "final_scale")]
                 + [("site_of_layer", ctypes.POINTER(_I64))]
                 + [(f, _I64) for f in ("sites", "T", "sub", "taps", "dil", "ering")]
-                + [(f, ctypes.POINTER(_P)) for f in ("tables", "eng_kv", "eng_taps")])
+                + [(f, ctypes.POINTER(_P)) for f in ("tables", "eng_kv", "eng_taps")]
+                + [(f, _I64) for f in ("cq", "cq_max_in", "cq_lut")]
+                + [(f, ctypes.POINTER(CqMat)) for f in ("cq_qkvg", "cq_out", "cq_router",
+                                                        "cq_emb", "cq_eng_kv", "cq_tables")])
 
 
 class NState(ctypes.Structure):
@@ -93,8 +104,10 @@ def build() -> str:
                                  timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeUnavailable(f"C compiler {cc!r} does not run: {e}") from e
-    with open(SOURCE, "rb") as f:
-        src = f.read()
+    src = b""
+    for path in SOURCES + [HEADER]:
+        with open(path, "rb") as f:
+            src += f.read()
     key = hashlib.sha256(src + " ".join(FLAGS).encode() + version.encode()
                          + _cpu_id().encode()).hexdigest()[:16]
     out_dir = _cache_dir()
@@ -105,10 +118,10 @@ def build() -> str:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        res = subprocess.run([cc, *FLAGS, "-o", tmp, SOURCE, "-lm"], capture_output=True,
+        res = subprocess.run([cc, *FLAGS, "-o", tmp, *SOURCES, "-lm"], capture_output=True,
                              text=True, timeout=300)
         if res.returncode != 0:
-            raise NativeUnavailable(f"compiling {SOURCE} with {cc} failed:\n{res.stderr}")
+            raise NativeUnavailable(f"compiling {SOURCES} with {cc} failed:\n{res.stderr}")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -123,6 +136,9 @@ def lib():
         so = ctypes.CDLL(build())
         so.nat_gemm.argtypes = [_P, _I64, _P, _I64, _I64, _P]
         so.nat_set_threads.argtypes = [_I64]
+        cqp = ctypes.POINTER(CqMat)
+        so.nat_cq_product.argtypes = [cqp, _I64, _P, _I64, _I64, _P, _I64, _P, _P]
+        so.nat_cq_row.argtypes = [cqp, _I64, _P, _P]
         so.nat_sinkhorn.argtypes = [_P, _I64, _I64]
         so.nat_scratch_floats.argtypes = [ctypes.POINTER(NModel), _I64]
         so.nat_scratch_floats.restype = _I64
@@ -167,6 +183,66 @@ def gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> t
         raise ValueError(f"out must be contiguous float32 [{M}, {N}], got {out.dtype} "
                          f"{list(out.shape)}")
     lib().nat_gemm(ptr(x), M, ptr(w), N, K, ptr(out))
+    return out
+
+
+class PackedCq:
+    """One CQ matrix (codes as stored, float32 norms, byte level table) as the C side's CqMat;
+    keeps the tensors it points to alive. `row0`/`rows` select a band of rows."""
+
+    def __init__(self, packed, norms, byte_levels, in_features: int, row0: int = 0,
+                 rows: int | None = None):
+        rows = packed.shape[0] - row0 if rows is None else rows
+        per = byte_levels.shape[0]
+        if packed.dtype != torch.uint8 or byte_levels.shape != (per, 256) or per not in (2, 4):
+            raise ValueError(f"packed CQ needs uint8 codes and a [2 or 4, 256] byte table; got "
+                             f"{packed.dtype}, {list(byte_levels.shape)} (3-bit codes straddle "
+                             f"bytes and have no native packed form)")
+        in_pad = packed.shape[1] * per
+        if not 0 <= row0 <= row0 + rows <= packed.shape[0] or in_pad % 128:
+            raise ValueError(f"rows {row0}..{row0 + rows - 1} of {packed.shape[0]}, in_pad "
+                             f"{in_pad}: outside the matrix or not whole 128-groups")
+        self.packed = packed[row0:row0 + rows].contiguous()
+        self.norms = norms[row0:row0 + rows].to(torch.float32).contiguous()
+        self.blev = byte_levels.to(torch.float32).contiguous()
+        self.mat = CqMat(packed=ptr(self.packed, ctypes.POINTER(ctypes.c_uint8)),
+                         norms=ptr(self.norms), blev=ptr(self.blev), rows=rows,
+                         in_features=in_features, in_pad=in_pad,
+                         row_bytes=packed.shape[1], per=per)
+        self.rows, self.in_features, self.in_pad = rows, in_features, in_pad
+
+    @property
+    def lut_floats(self) -> int:
+        return self.in_pad * (16 if self.mat.per == 2 else 64)     # cq_packed.c build_lut
+
+
+def cq_array(mats: list):
+    """A C array of CqMat values (the PackedCq objects must outlive it)."""
+    return (CqMat * len(mats))(*[m.mat for m in mats])
+
+
+def cq_product(mats: list, x: torch.Tensor) -> torch.Tensor:
+    """x [M, in_features] times the concatenated rows of `mats` (PackedCq of one input width)
+    -> [M, sum of rows]."""
+    x = _f32(x, "x")
+    if x.dim() != 2 or any(m.in_features != x.shape[1] or m.in_pad != mats[0].in_pad
+                           for m in mats):
+        raise ValueError(f"x {list(x.shape)} does not fit the matrices' in_features "
+                         f"{[m.in_features for m in mats]}")
+    n = sum(m.rows for m in mats)
+    y = torch.empty(x.shape[0], n)
+    xp, lut = torch.empty(mats[0].in_pad), torch.empty(max(m.lut_floats for m in mats))
+    lib().nat_cq_product(cq_array(mats), len(mats), ptr(x), x.shape[0], x.shape[1], ptr(y), n,
+                         ptr(xp), ptr(lut))
+    return y
+
+
+def cq_row(mat: "PackedCq", r: int) -> torch.Tensor:
+    """Row r of the dequantised matrix [in_features]."""
+    if not 0 <= r < mat.rows:
+        raise ValueError(f"row {r} outside 0..{mat.rows - 1}")
+    out, tmp = torch.empty(mat.in_features), torch.empty(mat.in_pad)
+    lib().nat_cq_row(ctypes.byref(mat.mat), r, ptr(out), ptr(tmp))
     return out
 
 

@@ -21,38 +21,9 @@
 #include <immintrin.h>
 #endif
 
+#include "native.h"
+
 #define LANES 16
-
-typedef struct {
-    int64_t L, n, d, H, KV, hd, hada, max_seq, vocab, sinkhorn_iters;
-    float eps, attn_scale, walsh_scale;
-    const float *emb;                     /* [vocab, d] tied embedding / LM head */
-    const float *qkvg, *out, *router;     /* [L, 2attn+2kvd, d], [L, d, attn], [L, 2n+n^2, n*d] */
-    const float *qn, *kn;                 /* [L, hd] */
-    const float *pre, *post, *pre_hada;   /* [L, d] */
-    const float *attn_gate;               /* [L], already through the sigmoid */
-    const float *d1, *d2, *d3;            /* [L, hada] */
-    const float *pre_bias, *post_bias;    /* [L, n], lane offsets folded in */
-    const float *a_pre, *a_post, *a_res;  /* [L] */
-    const float *b_res;                   /* [L, n, n] */
-    const float *cos_t, *sin_t;           /* [max_seq, hd/2] */
-    const float *final_scale;             /* [d] */
-    const int64_t *site_of_layer;         /* [L], -1: no Engram site */
-    /* Engram: `sites` sites of T = orders*heads tables with `sub` columns each; the value
-       ring holds `ering` un-convolved rows; `taps` taps `dil` positions apart. */
-    int64_t sites, T, sub, taps, dil, ering;
-    const float **tables;                 /* per site [T*slots, sub] */
-    const float **eng_kv;                 /* per site [2d, T*sub]: key rows, then value rows */
-    const float **eng_taps;               /* per site [taps, d] */
-} NModel;
-
-typedef struct {
-    float *k, *v;                          /* [L, KV, R, hd] */
-    uint8_t *key_ok;                       /* [R] */
-    float *lanes, *hidden;                 /* [n, d], [d] */
-    float *vraw;                           /* [sites, ering, d] Engram value ring */
-    int64_t R, window;                     /* window 0: every position so far */
-} NState;
 
 /* ---- small helpers ---- */
 
@@ -183,7 +154,7 @@ void nat_sinkhorn(float *z, int64_t n, int64_t iters)
 }
 
 /* Unnormalised Walsh-Hadamard transform in natural (Sylvester) order, then the scale. */
-static void fwht(float *x, int64_t n, float scale)
+void nat_fwht(float *x, int64_t n, float scale)
 {
     for (int64_t h = 1; h < n; h <<= 1)
         for (int64_t i = 0; i < n; i += h << 1)
@@ -199,7 +170,8 @@ static void fwht(float *x, int64_t n, float scale)
 
 typedef struct {
     float *nx, *r, *hpre, *u, *alpha, *bx, *h, *hpost, *res, *qkvg, *og, *a,
-          *q, *kk, *o, *scores, *hbuf, *ap, *z, *mi, *mo, *y, *xn, *X, *ek, *ev, *e, *kv;
+          *q, *kk, *o, *scores, *hbuf, *ap, *z, *mi, *mo, *y, *xn, *X, *ek, *ev, *e, *kv,
+          *xp, *lut, *tmp;
 } Scratch;
 
 static int64_t nq_of(const NModel *M) { return 2 * M->H * M->hd + 2 * M->KV * M->hd; }
@@ -217,6 +189,8 @@ static float *carve(const NModel *M, int64_t m, float *base, Scratch *s)
     TAKE(hbuf, M->hada); TAKE(ap, d); TAKE(z, d); TAKE(mi, d); TAKE(mo, d); TAKE(y, d);
     TAKE(xn, n * d); TAKE(X, m * n * d); TAKE(ek, M->sites * m * d);
     TAKE(ev, M->sites * m * d); TAKE(e, m * M->T * M->sub); TAKE(kv, m * 2 * d);
+    TAKE(xp, M->cq ? M->cq_max_in : 0); TAKE(lut, M->cq ? M->cq_lut : 0);
+    TAKE(tmp, M->cq ? M->cq_max_in : 0);
 #undef TAKE
     return p;
 }
@@ -304,7 +278,8 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         float ri = rms_inv(X + r * nd, nd, M->eps);
         for (int64_t t = 0; t < nd; t++) s->nx[r * nd + t] = X[r * nd + t] * ri;
     }
-    nat_gemm(s->nx, m, M->router + i * nr * nd, nr, nd, s->r);
+    if (M->cq) nat_cq_product(M->cq_router + 3 * i, 3, s->nx, m, nd, s->r, nr, s->xp, s->lut);
+    else nat_gemm(s->nx, m, M->router + i * nr * nd, nr, nd, s->r);
     for (int64_t r = 0; r < m; r++) {
         const float *rr = s->r + r * nr, *Xr = X + r * nd;
         float *hpre = s->hpre + r * n, *u = s->u + r * d, *bx = s->bx + r * d;
@@ -343,11 +318,13 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         nat_sinkhorn(res, n, M->sinkhorn_iters);
         if (r == 0) cap_put(cap, C_HRES, i, res, n * n);
     }
-    nat_gemm(s->h, m, M->qkvg + i * nq * d, nq, d, s->qkvg);
+    if (M->cq) nat_cq_product(M->cq_qkvg + 4 * i, 4, s->h, m, d, s->qkvg, nq, s->xp, s->lut);
+    else nat_gemm(s->h, m, M->qkvg + i * nq * d, nq, d, s->qkvg);
     for (int64_t r = 0; r < m; r++)          /* in order: row r reads the rows before it */
         attend_row(M, S, i, pos0 + r, valid[r], s->qkvg + r * nq, s->og + r * attn, s, cap,
                    r == 0);
-    nat_gemm(s->og, m, M->out + i * d * attn, d, attn, s->a);
+    if (M->cq) nat_cq_product(M->cq_out + i, 1, s->og, m, attn, s->a, d, s->xp, s->lut);
+    else nat_gemm(s->og, m, M->out + i * d * attn, d, attn, s->a);
     for (int64_t r = 0; r < m; r++) {
         const float *a = s->a + r * d, *bx = s->bx + r * d, *u = s->u + r * d;
         float *Xr = X + r * nd;
@@ -356,12 +333,12 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         zc(s->z, M->pre_hada + i * d, d, M->eps, s->mi);
         const float *d1 = M->d1 + i * hada, *d2 = M->d2 + i * hada, *d3 = M->d3 + i * hada;
         for (int64_t t = 0; t < hada; t++) s->hbuf[t] = t < d ? d1[t] * s->mi[t] : 0.0f;
-        fwht(s->hbuf, hada, M->walsh_scale);
+        nat_fwht(s->hbuf, hada, M->walsh_scale);
         for (int64_t t = 0; t < hada; t++) {
             float e = d2[t] * s->hbuf[t];
             s->hbuf[t] = e / (1.0f + expf(-e));
         }
-        fwht(s->hbuf, hada, M->walsh_scale);
+        nat_fwht(s->hbuf, hada, M->walsh_scale);
         for (int64_t t = 0; t < d; t++) s->mo[t] = d3[t] * s->hbuf[t];
         for (int64_t t = 0; t < d; t++) s->y[t] = s->z[t] + s->mo[t] - u[t];
         const float *P = s->res + r * n * n, *hpost = s->hpost + r * n;
@@ -394,11 +371,15 @@ static void engram(const NModel *M, NState *S, int64_t m, int64_t pos0, const in
     for (int64_t st = 0; st < M->sites; st++) {
         for (int64_t r = 0; r < m; r++)
             for (int64_t t = 0; t < T; t++) {
-                const float *row = M->tables[st] + flat[r * T + t] * sub;
                 float *e = s->e + (r * T + t) * sub, f = ok[r * T + t];
+                const float *row = e;
+                if (M->cq) nat_cq_row(M->cq_tables + st, flat[r * T + t], e, s->tmp);
+                else row = M->tables[st] + flat[r * T + t] * sub;
                 for (int64_t c = 0; c < sub; c++) e[c] = row[c] * f;
             }
-        nat_gemm(s->e, m, M->eng_kv[st], 2 * d, T * sub, s->kv);
+        if (M->cq) nat_cq_product(M->cq_eng_kv + 2 * st, 2, s->e, m, T * sub, s->kv, 2 * d,
+                                  s->xp, s->lut);
+        else nat_gemm(s->e, m, M->eng_kv[st], 2 * d, T * sub, s->kv);
         for (int64_t r = 0; r < m; r++) {
             int64_t p = pos0 + r;
             const float *kv = s->kv + r * 2 * d;
@@ -436,10 +417,14 @@ int64_t nat_rows(const NModel *M, NState *S, int64_t m, int64_t pos0, const int6
     Scratch s;
     carve(M, m, scratch, &s);
     float sq = (float)sqrt((double)M->d);
-    for (int64_t r = 0; r < m; r++)
+    for (int64_t r = 0; r < m; r++) {
+        const float *row = s.tmp;
+        if (M->cq) nat_cq_row(M->cq_emb, tok[r], s.z, s.tmp), row = s.z;
+        else row = M->emb + tok[r] * M->d;
         for (int64_t l = 0; l < M->n; l++)
             for (int64_t t = 0; t < M->d; t++)
-                s.X[(r * M->n + l) * M->d + t] = M->emb[tok[r] * M->d + t] * sq;
+                s.X[(r * M->n + l) * M->d + t] = row[t] * sq;
+    }
     cap_put(cap, C_EMBED, 0, s.X, M->d);
     engram(M, S, m, pos0, flat, ok, tap_ok, &s, cap);
     float *X = s.X;
@@ -456,6 +441,9 @@ int64_t nat_rows(const NModel *M, NState *S, int64_t m, int64_t pos0, const int6
     float ri = rms_inv(s.z, d, M->eps);
     for (int64_t t = 0; t < d; t++) S->hidden[t] = (1.0f + M->final_scale[t]) * (s.z[t] * ri);
     cap_put(cap, C_MEAN, 0, s.z, d);
-    if (want_logits) nat_gemm(S->hidden, 1, M->emb, M->vocab, d, logits);
+    if (want_logits && M->cq)
+        nat_cq_product(M->cq_emb, 1, S->hidden, 1, d, logits, M->vocab, s.xp, s.lut);
+    else if (want_logits)
+        nat_gemm(S->hidden, 1, M->emb, M->vocab, d, logits);
     return 0;
 }

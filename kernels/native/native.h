@@ -1,0 +1,65 @@
+/* Shared declarations of the native CPU step (needle_step.c) and its packed Cactus-Quants
+   products (cq_packed.c). The ctypes mirrors live in kernels/native/__init__.py. */
+#ifndef NEEDLE_NATIVE_H
+#define NEEDLE_NATIVE_H
+#include <stdint.h>
+
+/* One Cactus-Quants matrix as stored: LSB-first codes [rows, row_bytes], a float32 norm per
+   128-wide group [rows, in_pad/128], and the byte table blev [per, 256]: the level of code c
+   (c < per codes per byte) in every byte value. Rows may be a band of a larger matrix. */
+typedef struct {
+    const uint8_t *packed;
+    const float *norms, *blev;
+    int64_t rows, in_features, in_pad, row_bytes, per;
+} CqMat;
+
+typedef struct {
+    int64_t L, n, d, H, KV, hd, hada, max_seq, vocab, sinkhorn_iters;
+    float eps, attn_scale, walsh_scale;
+    const float *emb;                     /* [vocab, d] tied embedding / LM head */
+    const float *qkvg, *out, *router;     /* [L, 2attn+2kvd, d], [L, d, attn], [L, 2n+n^2, n*d] */
+    const float *qn, *kn;                 /* [L, hd] */
+    const float *pre, *post, *pre_hada;   /* [L, d] */
+    const float *attn_gate;               /* [L], already through the sigmoid */
+    const float *d1, *d2, *d3;            /* [L, hada] */
+    const float *pre_bias, *post_bias;    /* [L, n], lane offsets folded in */
+    const float *a_pre, *a_post, *a_res;  /* [L] */
+    const float *b_res;                   /* [L, n, n] */
+    const float *cos_t, *sin_t;           /* [max_seq, hd/2] */
+    const float *final_scale;             /* [d] */
+    const int64_t *site_of_layer;         /* [L], -1: no Engram site */
+    /* Engram: `sites` sites of T = orders*heads tables with `sub` columns each; the value
+       ring holds `ering` un-convolved rows; `taps` taps `dil` positions apart. */
+    int64_t sites, T, sub, taps, dil, ering;
+    const float **tables;                 /* per site [T*slots, sub] */
+    const float **eng_kv;                 /* per site [2d, T*sub]: key rows, then value rows */
+    const float **eng_taps;               /* per site [taps, d] */
+    /* cq = 1: every matrix above is NULL and these hold the packed codes instead */
+    int64_t cq, cq_max_in, cq_lut;         /* widest padded input; LUT floats needed */
+    const CqMat *cq_qkvg;                  /* [L, 4]: q, k, v, gate */
+    const CqMat *cq_out, *cq_router;       /* [L], [L, 3]: the pre, post, res rows of layer i */
+    const CqMat *cq_emb;                   /* the tied embedding / LM head */
+    const CqMat *cq_eng_kv, *cq_tables;    /* [sites, 2]: key, value; [sites] */
+} NModel;
+
+typedef struct {
+    float *k, *v;                          /* [L, KV, R, hd] */
+    uint8_t *key_ok;                       /* [R] */
+    float *lanes, *hidden;                 /* [n, d], [d] */
+    float *vraw;                           /* [sites, ering, d] Engram value ring */
+    int64_t R, window;                     /* window 0: every position so far */
+} NState;
+
+float nat_dot(const float *a, const float *b, int64_t K);
+void nat_gemm(const float *x, int64_t M, const float *W, int64_t N, int64_t K, float *y);
+void nat_fwht(float *x, int64_t n, float scale);
+
+/* y[r, col..] = the concatenated rows of mats[0..nmats-1] times x[r, :K] for r < M; the
+   inputs are rotated per 128-group and read through byte lookup tables (scratch: xp of
+   in_pad floats, lut of in_pad/per*256 floats). */
+void nat_cq_product(const CqMat *mats, int64_t nmats, const float *x, int64_t M, int64_t K,
+                    float *y, int64_t ldy, float *xp, float *lut);
+/* Row r of the dequantised matrix, its first in_features values (tmp: in_pad floats). */
+void nat_cq_row(const CqMat *A, int64_t r, float *out, float *tmp);
+
+#endif
