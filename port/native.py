@@ -75,13 +75,13 @@ class NativeModel:
         self.sizes = self._capture_sizes(cfg)
 
     def _bind_packed(self, cfg, w, packed):
-        from .cq import _byte_table
+        from .cq import _level_table
         L, n = cfg.num_layers, cfg.mhc_lanes
 
         def pk(name, row0=0, rows=None):
             cw = packed[name]
-            return native.PackedCq(cw.packed, cw.norms, _byte_table(cw.bits), cw.in_features,
-                                   row0, rows)
+            return native.PackedCq(cw.packed, cw.norms, _level_table(cw.bits), cw.store_bits,
+                                   cw.in_features, row0, rows)
         lay = lambda i, k: pk(f"layer{i:02d}.{k}")
         band = lambda k, i, r: pk(f"mhc_phi_{k}", i * r, r)
         groups = {
@@ -101,7 +101,6 @@ class NativeModel:
             setattr(self.m, k, arr)
         self.m.cq = 1
         self.m.cq_max_in = max(m.in_pad for m in self._packed)
-        self.m.cq_lut = max(m.lut_floats for m in self._packed)
         for k in DENSE_MATRICES:                    # only the codes stay resident
             w.pop(k, None)
         for site in w["sites"]:

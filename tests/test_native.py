@@ -145,34 +145,40 @@ def test_native_cq_prefill_and_ring_properties(packed, tokens, cap, window):
         assert torch.equal(nat.step(t, ring), nat.step(t, full))
 
 
-@pytest.mark.parametrize("bits", [2, 4, cact.TERNARY])
-def test_packed_product_against_float64(bits):
-    from port.cq import CqWeight, _byte_table
+def _packed(cw, **band):
+    from port.cq import _level_table
+    return native.PackedCq(cw.packed, cw.norms, _level_table(cw.bits), cw.store_bits,
+                           cw.in_features, **band)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, cact.TERNARY])
+def test_packed_product_is_the_dense_product_of_the_decoded_rows(bits):
+    from port.cq import CqWeight
     g = torch.Generator().manual_seed(bits)
     cw = CqWeight.from_dense(torch.randn(70, 300, generator=g), bits, "dense")
-    pk = native.PackedCq(cw.packed, cw.norms, _byte_table(bits), 300)
+    pk = _packed(cw)
     x = torch.randn(5, 300, generator=g)
-    exact_w = torch.stack([cw.dequantize_row(o) for o in range(70)]).double()
-    y = native.cq_product([pk, pk], x)                     # two matrices, one table
-    exact = x.double() @ exact_w.t()
-    rule = rule_for("native/cq", KERNEL_RULES)
-    assert rule.check(y[:, :70], exact) and torch.equal(y[:, :70], y[:, 70:]), max_rel(y[:, :70],
-                                                                                  exact)
+    y = native.cq_product([pk, pk], x)                     # two matrices, one input
+    assert torch.equal(y[:, :70], y[:, 70:])
+    # Bit for bit: the codes decode to CqWeight's float32 pre-rotation rows (level * norm)
+    # and the product is nat_gemm's, on the C side's rotation of the input.
+    assert torch.equal(y[:, :70], native.gemm(native.cq_rotate(x, cw.in_pad), cw.rows))
+    exact = x.double() @ torch.stack([cw.dequantize_row(o) for o in range(70)]).double().t()
+    assert rule_for("native/cq", KERNEL_RULES).check(y[:, :70], exact), max_rel(y[:, :70], exact)
     for r in range(5):                                     # rows do not depend on the batch
         assert torch.equal(native.cq_product([pk], x[r:r + 1])[0], y[r, :70])
-    assert rule.check(native.cq_row(pk, 11), cw.dequantize_row(11))
-    band = native.PackedCq(cw.packed, cw.norms, _byte_table(bits), 300, row0=20, rows=9)
-    assert torch.equal(native.cq_product([band], x), y[:, 20:29])
+    assert rule_for("native/cq", KERNEL_RULES).check(native.cq_row(pk, 11),
+                                                     cw.dequantize_row(11))
+    assert torch.equal(native.cq_product([_packed(cw, row0=20, rows=9)], x), y[:, 20:29])
 
 
-def test_packed_refuses_three_bit_codes_and_bad_bands():
-    from port.cq import CqWeight, _byte_table
-    cw = CqWeight.from_dense(torch.randn(8, 128), 3, "dense")
-    with pytest.raises(ValueError, match="3-bit codes straddle"):
-        native.PackedCq(cw.packed, cw.norms, _byte_table(3), 128)
+def test_packed_refuses_bad_bands_and_widths():
+    from port.cq import CqWeight
     cw = CqWeight.from_dense(torch.randn(8, 128), 2, "dense")
     with pytest.raises(ValueError, match="outside the matrix"):
-        native.PackedCq(cw.packed, cw.norms, _byte_table(2), 128, row0=5, rows=4)
+        _packed(cw, row0=5, rows=4)
+    with pytest.raises(ValueError, match="2, 3 or 4 bits"):
+        native.PackedCq(cw.packed, cw.norms, torch.zeros(4), 5, 128)
 
 
 def test_native_refuses_what_it_cannot_run(tiny_cfg, tiny_params):

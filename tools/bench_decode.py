@@ -46,8 +46,9 @@ def median_ms(fn, n):
     return statistics.median(ts) * 1e3
 
 
-def held_mb(w) -> float:
-    """Bytes of the distinct tensor storages a model's weight dict keeps."""
+def held_mb(model) -> float:
+    """Bytes of the distinct tensor storages a model keeps: its weight dict, and the native
+    step's bindings (the packed codes of native:cq live there)."""
     seen, total = set(), 0
 
     def walk(v):
@@ -63,12 +64,16 @@ def held_mb(w) -> float:
         elif isinstance(v, (list, tuple)):
             for x in v:
                 walk(x)
-    walk(w)
+    walk(model.w)
+    nat = getattr(model, "_native", None)
+    if nat is not None:
+        walk(nat._keep)
+        walk([t for m in getattr(nat, "_packed", []) for t in (m.packed, m.norms, m.levels)])
     return total / 2**20
 
 
 def bench_port(model, cfg, steps, tok):
-    out = {"weights_mb": held_mb(model.w)}
+    out = {"weights_mb": held_mb(model)}
     prompt = [next(tok) for _ in range(min(PROMPT, cfg.max_seq_len // 4))]
     state = model.make_state()
     model.prefill_batch(prompt[:8], model.make_state(), V2Batch(model, 64))        # warm

@@ -40,9 +40,9 @@ _I64 = ctypes.c_int64
 
 
 class CqMat(ctypes.Structure):
-    _fields_ = [("packed", ctypes.POINTER(ctypes.c_uint8)), ("norms", _P), ("blev", _P),
+    _fields_ = [("packed", ctypes.POINTER(ctypes.c_uint8)), ("norms", _P), ("levels", _P),
                 ("rows", _I64), ("in_features", _I64), ("in_pad", _I64), ("row_bytes", _I64),
-                ("per", _I64)]
+                ("bits", _I64)]
 
 
 class NModel(ctypes.Structure):
@@ -56,7 +56,7 @@ class NModel(ctypes.Structure):
                 + [("site_of_layer", ctypes.POINTER(_I64))]
                 + [(f, _I64) for f in ("sites", "T", "sub", "taps", "dil", "ering")]
                 + [(f, ctypes.POINTER(_P)) for f in ("tables", "eng_kv", "eng_taps")]
-                + [(f, _I64) for f in ("cq", "cq_max_in", "cq_lut")]
+                + [(f, _I64) for f in ("cq", "cq_max_in")]
                 + [(f, ctypes.POINTER(CqMat)) for f in ("cq_qkvg", "cq_out", "cq_router",
                                                         "cq_emb", "cq_eng_kv", "cq_tables")])
 
@@ -137,7 +137,8 @@ def lib():
         so.nat_gemm.argtypes = [_P, _I64, _P, _I64, _I64, _P]
         so.nat_set_threads.argtypes = [_I64]
         cqp = ctypes.POINTER(CqMat)
-        so.nat_cq_product.argtypes = [cqp, _I64, _P, _I64, _I64, _P, _I64, _P, _P]
+        so.nat_cq_product.argtypes = [cqp, _I64, _P, _I64, _I64, _P, _I64, _P]
+        so.nat_cq_rotate.argtypes = [_P, _I64, _I64, _P]
         so.nat_cq_row.argtypes = [cqp, _I64, _P, _P]
         so.nat_sinkhorn.argtypes = [_P, _I64, _I64]
         so.nat_scratch_floats.argtypes = [ctypes.POINTER(NModel), _I64]
@@ -186,34 +187,37 @@ def gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> t
     return out
 
 
-class PackedCq:
-    """One CQ matrix (codes as stored, float32 norms, byte level table) as the C side's CqMat;
-    keeps the tensors it points to alive. `row0`/`rows` select a band of rows."""
+MAX_IN = 4096           # cq_packed.c: widest padded input of a packed matrix
 
-    def __init__(self, packed, norms, byte_levels, in_features: int, row0: int = 0,
+
+class PackedCq:
+    """One CQ matrix as the C side's CqMat: the codes as stored (`bits` wide, LSB first),
+    float32 norms, and `levels` (the level of each code value). Keeps the tensors it points
+    to alive. `row0`/`rows` select a band of rows."""
+
+    def __init__(self, packed, norms, levels, bits: int, in_features: int, row0: int = 0,
                  rows: int | None = None):
         rows = packed.shape[0] - row0 if rows is None else rows
-        per = byte_levels.shape[0]
-        if packed.dtype != torch.uint8 or byte_levels.shape != (per, 256) or per not in (2, 4):
-            raise ValueError(f"packed CQ needs uint8 codes and a [2 or 4, 256] byte table; got "
-                             f"{packed.dtype}, {list(byte_levels.shape)} (3-bit codes straddle "
-                             f"bytes and have no native packed form)")
-        in_pad = packed.shape[1] * per
-        if not 0 <= row0 <= row0 + rows <= packed.shape[0] or in_pad % 128:
+        if packed.dtype != torch.uint8 or packed.dim() != 2 or bits not in (2, 3, 4) or \
+                levels.numel() != 1 << bits:
+            raise ValueError(f"packed CQ needs 2-D uint8 codes of 2, 3 or 4 bits and 2**bits "
+                             f"levels; got {packed.dtype} {list(packed.shape)}, bits={bits}, "
+                             f"{levels.numel()} levels")
+        in_pad = packed.shape[1] * 8 // bits
+        if not 0 <= row0 <= row0 + rows <= packed.shape[0] or in_pad % 128 or \
+                in_pad > MAX_IN or not 0 < in_features <= in_pad:
             raise ValueError(f"rows {row0}..{row0 + rows - 1} of {packed.shape[0]}, in_pad "
-                             f"{in_pad}: outside the matrix or not whole 128-groups")
+                             f"{in_pad} (in_features {in_features}): outside the matrix, not "
+                             f"whole 128-groups, or wider than MAX_IN={MAX_IN}")
         self.packed = packed[row0:row0 + rows].contiguous()
         self.norms = norms[row0:row0 + rows].to(torch.float32).contiguous()
-        self.blev = byte_levels.to(torch.float32).contiguous()
+        self.levels = torch.zeros(16)
+        self.levels[:1 << bits] = levels.to(torch.float32)
         self.mat = CqMat(packed=ptr(self.packed, ctypes.POINTER(ctypes.c_uint8)),
-                         norms=ptr(self.norms), blev=ptr(self.blev), rows=rows,
+                         norms=ptr(self.norms), levels=ptr(self.levels), rows=rows,
                          in_features=in_features, in_pad=in_pad,
-                         row_bytes=packed.shape[1], per=per)
+                         row_bytes=packed.shape[1], bits=bits)
         self.rows, self.in_features, self.in_pad = rows, in_features, in_pad
-
-    @property
-    def lut_floats(self) -> int:
-        return self.in_pad * (16 if self.mat.per == 2 else 64)     # cq_packed.c build_lut
 
 
 def cq_array(mats: list):
@@ -231,10 +235,20 @@ def cq_product(mats: list, x: torch.Tensor) -> torch.Tensor:
                          f"{[m.in_features for m in mats]}")
     n = sum(m.rows for m in mats)
     y = torch.empty(x.shape[0], n)
-    xp, lut = torch.empty(mats[0].in_pad), torch.empty(max(m.lut_floats for m in mats))
+    xp = torch.empty(x.shape[0], mats[0].in_pad)
     lib().nat_cq_product(cq_array(mats), len(mats), ptr(x), x.shape[0], x.shape[1], ptr(y), n,
-                         ptr(xp), ptr(lut))
+                         ptr(xp))
     return y
+
+
+def cq_rotate(x: torch.Tensor, in_pad: int) -> torch.Tensor:
+    """The C side's input rotation: x [M, K] zero-padded to in_pad, Walsh-rotated per
+    128-group (butterflies, then 1/sqrt(128))."""
+    x = _f32(x, "x")
+    out = torch.empty(x.shape[0], in_pad)
+    for r in range(x.shape[0]):
+        lib().nat_cq_rotate(ptr(x[r].contiguous()), x.shape[1], in_pad, ptr(out[r]))
+    return out
 
 
 def cq_row(mat: "PackedCq", r: int) -> torch.Tensor:

@@ -1,118 +1,123 @@
-/* Cactus-Quants products straight from the packed codes (the native twin of CqWeight's
-   "packed" form):
+/* Cactus-Quants products straight from the packed codes (the native twin of CqWeight):
 
-       y[o] = sum_g norm[o, g] * sum_{bytes b of group g} lut[b][packed[o, b]]
+       y[o] = sum_j w[o, j] * xp[j],   w[o, j] = level[code(o, j)] * norm[o, j / 128],
+       xp = the input zero-padded to in_pad and Walsh-rotated per 128-group.
 
-   where lut[b][v] is the dot of the levels byte value v encodes with the rotated input's
-   entries byte b covers. One table per input and code width serves every matrix reading
-   that input (q|k|v|gate, the three mHC routers), so a weight costs one byte load and one add
-   per byte instead of four bytes of float32 streamed from memory: the 2-bit codes of the
-   whole shipped model (12.9 MB) stay in the last-level cache.
-
-   Every input row is handled alone (rotation, table, products), so a row's bits do not
-   depend on the rows sharing the call: prefill == steps, bit for bit. */
+   Blocks of ROWS weight rows are decoded into an L1/L2-sized scratch (one multiply per
+   weight, the same float32 product CqWeight's dense form stores) and every input row is
+   dotted with them by nat_gemm_block. So the codes (12.9 MB for the shipped model, in the
+   last-level cache) replace 137 MB of float32 streamed from memory; a prefill chunk decodes
+   each block once for all its rows; and the result is bit-identical to nat_gemm over the
+   decoded matrix, whatever the batch, the thread count or the vector width. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 #include "native.h"
 
 #define GROUP 128
+#define ROWS 16
+#define MAX_IN 4096                   /* widest padded input (kernels/native MAX_IN) */
 
 static const float H128 = 0.08838834764831845f;     /* 1/sqrt(128), rounded once to f32 */
 
-static void rotate(const float *x, int64_t K, int64_t in_pad, float *xp)
+void nat_cq_rotate(const float *x, int64_t K, int64_t in_pad, float *xp)
 {
     memcpy(xp, x, (size_t)K * sizeof(float));
     memset(xp + K, 0, (size_t)(in_pad - K) * sizeof(float));
     for (int64_t g = 0; g < in_pad; g += GROUP) nat_fwht(xp + g, GROUP, H128);
 }
 
-/* The input's lookup table for one code width.
-   2-bit (4 codes a byte): lut[b * 256 + v] = dot of byte value v's levels with xp[4b..4b+3],
-     made as (codes 0,1 of v) + (codes 2,3 of v) from two 16-entry pair tables: 128 KB for a
-     512-wide input, in L2.
-   4-bit (2 codes a byte): lut[j * 16 + c] = level[c] * xp[j], one entry per code and
-     position (32 KB for 512 wide, in L1); a byte reads two entries. A byte-wide table would
-     be 8x larger and miss L2. */
-static void build_lut(const float *xp, int64_t in_pad, const float *blev, int64_t per,
-                      float *lut)
+static unsigned code_at(const uint8_t *codes, int64_t j, int64_t bits)
 {
-    if (per == 2) {
-        for (int64_t j = 0; j < in_pad; j++)
-            for (int c = 0; c < 16; c++) lut[j * 16 + c] = blev[c] * xp[j];
-        return;
-    }
-    for (int64_t b = 0; b < in_pad / 4; b++) {
-        const float *x = xp + 4 * b;
-        float lo[16], hi[16], *row = lut + b * 256;
-        for (int u = 0; u < 16; u++) {
-            lo[u] = blev[u & 3] * x[0] + blev[u >> 2] * x[1];
-            hi[u] = blev[u & 3] * x[2] + blev[u >> 2] * x[3];
-        }
-        for (int v = 0; v < 256; v++) row[v] = lo[v & 15] + hi[v >> 4];
-    }
+    int64_t bit = j * bits;
+    unsigned word = codes[bit >> 3];
+    if ((bit & 7) + bits > 8) word |= (unsigned)codes[(bit >> 3) + 1] << 8;
+    return (word >> (bit & 7)) & ((1u << bits) - 1);
 }
 
-static float cq_dot(const CqMat *A, int64_t o, const float *lut)
+#ifdef __AVX2__
+/* 8 codes of `bits` (2 or 4) packed in `word` -> their levels times `nrm`. */
+static inline __m256 decode8(uint32_t word, __m256i sh, __m256i mask, __m256 lo, __m256 hi,
+                             int wide, __m256 nrm)
 {
+    __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)word), sh), mask);
+    __m256 v = _mm256_permutevar8x32_ps(lo, idx);
+    if (wide)
+        v = _mm256_blendv_ps(v, _mm256_permutevar8x32_ps(hi, idx),
+                             _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32(7))));
+    return _mm256_mul_ps(v, nrm);
+}
+#endif
+
+/* w[j] = levels[code j] * norm of j's group, for one row. */
+static void decode_row(const CqMat *A, int64_t o, float *w)
+{
+    const int64_t bits = A->bits, in_pad = A->in_pad;
     const uint8_t *codes = A->packed + o * A->row_bytes;
-    const float *norm = A->norms + o * (A->in_pad / GROUP);
-    int64_t per_group = GROUP / A->per;                  /* bytes per 128-group */
-    float acc = 0.0f;
-    for (int64_t g = 0; g < A->in_pad / GROUP; g++) {
-        const uint8_t *c = codes + g * per_group;
-        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-        if (A->per == 2) {
-            const float *t = lut + g * GROUP * 16;
-            for (int64_t b = 0; b < per_group; b += 2) {
-                s0 += t[(2 * b + 0) * 16 + (c[b] & 15)];
-                s1 += t[(2 * b + 1) * 16 + (c[b] >> 4)];
-                s2 += t[(2 * b + 2) * 16 + (c[b + 1] & 15)];
-                s3 += t[(2 * b + 3) * 16 + (c[b + 1] >> 4)];
-            }
-        } else {
-            const float *t = lut + g * per_group * 256;
-            for (int64_t b = 0; b < per_group; b += 4) {
-                s0 += t[(b + 0) * 256 + c[b + 0]];
-                s1 += t[(b + 1) * 256 + c[b + 1]];
-                s2 += t[(b + 2) * 256 + c[b + 2]];
-                s3 += t[(b + 3) * 256 + c[b + 3]];
+    const float *norm = A->norms + o * (in_pad / GROUP), *lev = A->levels;
+    int64_t j = 0;
+#ifdef __AVX2__
+    const __m256 lo = _mm256_loadu_ps(lev), hi = _mm256_loadu_ps(lev + 8);
+    if (bits == 2) {
+        const __m256i sh = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+        const __m256i mask = _mm256_set1_epi32(3);
+        for (int64_t g = 0; g < in_pad / GROUP; g++) {
+            const __m256 nrm = _mm256_set1_ps(norm[g]);
+            const uint8_t *c = codes + g * (GROUP / 4);
+            float *wg = w + g * GROUP;
+            for (int k = 0; k < GROUP / 8; k++) {
+                uint16_t half;
+                memcpy(&half, c + 2 * k, 2);
+                _mm256_storeu_ps(wg + 8 * k, decode8(half, sh, mask, lo, hi, 0, nrm));
             }
         }
-        acc += norm[g] * ((s0 + s1) + (s2 + s3));
+        return;
     }
-    return acc;
+    if (bits == 4) {
+        const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+        const __m256i mask = _mm256_set1_epi32(15);
+        for (int64_t g = 0; g < in_pad / GROUP; g++) {
+            const __m256 nrm = _mm256_set1_ps(norm[g]);
+            const uint8_t *c = codes + g * (GROUP / 2);
+            float *wg = w + g * GROUP;
+            for (int k = 0; k < GROUP / 8; k++) {
+                uint32_t word;
+                memcpy(&word, c + 4 * k, 4);
+                _mm256_storeu_ps(wg + 8 * k, decode8(word, sh, mask, lo, hi, 1, nrm));
+            }
+        }
+        return;
+    }
+#endif
+    for (; j < in_pad; j++) w[j] = lev[code_at(codes, j, bits)] * norm[j / GROUP];
 }
 
 void nat_cq_product(const CqMat *mats, int64_t nmats, const float *x, int64_t M, int64_t K,
-                    float *y, int64_t ldy, float *xp, float *lut)
+                    float *y, int64_t ldy, float *xp)
 {
-    for (int64_t r = 0; r < M; r++) {
-        rotate(x + r * K, K, mats[0].in_pad, xp);
-        const float *built = 0;
-        int64_t col = 0;
-        for (int64_t i = 0; i < nmats; i++) {
-            const CqMat *A = mats + i;
-            if (A->blev != built) {                      /* same width: same table */
-                build_lut(xp, A->in_pad, A->blev, A->per, lut);
-                built = A->blev;
-            }
-            float *yr = y + r * ldy + col;
-            for (int64_t o = 0; o < A->rows; o++) yr[o] = cq_dot(A, o, lut);
-            col += A->rows;
+    int64_t in_pad = mats[0].in_pad, col = 0;
+    for (int64_t r = 0; r < M; r++) nat_cq_rotate(x + r * K, K, in_pad, xp + r * in_pad);
+    for (int64_t i = 0; i < nmats; i++) {
+        const CqMat *A = mats + i;
+        /* row blocks split across threads: a value's arithmetic does not depend on it */
+#pragma omp parallel for schedule(static) num_threads(nat_threads) if (nat_threads > 1 && A->rows >= 4 * ROWS)
+        for (int64_t o0 = 0; o0 < A->rows; o0 += ROWS) {
+            float w[ROWS * MAX_IN];
+            int64_t nr = o0 + ROWS < A->rows ? ROWS : A->rows - o0;
+            for (int64_t o = 0; o < nr; o++) decode_row(A, o0 + o, w + o * in_pad);
+            nat_gemm_block(xp, M, in_pad, w, nr, in_pad, y + col + o0, ldy);
         }
+        col += A->rows;
     }
 }
 
 void nat_cq_row(const CqMat *A, int64_t r, float *out, float *tmp)
 {
-    const uint8_t *codes = A->packed + r * A->row_bytes;
-    const float *norm = A->norms + r * (A->in_pad / GROUP);
-    for (int64_t j = 0; j < A->in_pad; j++) {
-        int64_t b = j / A->per, c = j % A->per;
-        tmp[j] = A->blev[c * 256 + codes[b]] * norm[j / GROUP];
-    }
+    decode_row(A, r, tmp);
     for (int64_t g = 0; g < A->in_pad; g += GROUP) nat_fwht(tmp + g, GROUP, H128);
     memcpy(out, tmp, (size_t)A->in_features * sizeof(float));
 }

@@ -4,13 +4,13 @@
 #define NEEDLE_NATIVE_H
 #include <stdint.h>
 
-/* One Cactus-Quants matrix as stored: LSB-first codes [rows, row_bytes], a float32 norm per
-   128-wide group [rows, in_pad/128], and the byte table blev [per, 256]: the level of code c
-   (c < per codes per byte) in every byte value. Rows may be a band of a larger matrix. */
+/* One Cactus-Quants matrix as stored: LSB-first `bits`-wide codes [rows, row_bytes], a
+   float32 norm per 128-wide group [rows, in_pad/128], and the level of every code value
+   (levels[16], unused entries 0). Rows may be a band of a larger matrix. */
 typedef struct {
     const uint8_t *packed;
-    const float *norms, *blev;
-    int64_t rows, in_features, in_pad, row_bytes, per;
+    const float *norms, *levels;
+    int64_t rows, in_features, in_pad, row_bytes, bits;
 } CqMat;
 
 typedef struct {
@@ -35,7 +35,7 @@ typedef struct {
     const float **eng_kv;                 /* per site [2d, T*sub]: key rows, then value rows */
     const float **eng_taps;               /* per site [taps, d] */
     /* cq = 1: every matrix above is NULL and these hold the packed codes instead */
-    int64_t cq, cq_max_in, cq_lut;         /* widest padded input; LUT floats needed */
+    int64_t cq, cq_max_in;                 /* widest padded input */
     const CqMat *cq_qkvg;                  /* [L, 4]: q, k, v, gate */
     const CqMat *cq_out, *cq_router;       /* [L], [L, 3]: the pre, post, res rows of layer i */
     const CqMat *cq_emb;                   /* the tied embedding / LM head */
@@ -50,15 +50,18 @@ typedef struct {
     int64_t R, window;                     /* window 0: every position so far */
 } NState;
 
+extern int nat_threads;          /* set by nat_set_threads */
 float nat_dot(const float *a, const float *b, int64_t K);
 void nat_gemm(const float *x, int64_t M, const float *W, int64_t N, int64_t K, float *y);
+void nat_gemm_block(const float *x, int64_t M, int64_t ldx, const float *W, int64_t N,
+                    int64_t K, float *y, int64_t ldy);
 void nat_fwht(float *x, int64_t n, float scale);
 
-/* y[r, col..] = the concatenated rows of mats[0..nmats-1] times x[r, :K] for r < M; the
-   inputs are rotated per 128-group and read through byte lookup tables (scratch: xp of
-   in_pad floats, lut of in_pad/per*256 floats). */
+/* y[r, col..] = the concatenated rows of mats[0..nmats-1] times x[r, :K] for r < M (one
+   input width); scratch xp holds M rotated inputs of in_pad floats. */
 void nat_cq_product(const CqMat *mats, int64_t nmats, const float *x, int64_t M, int64_t K,
-                    float *y, int64_t ldy, float *xp, float *lut);
+                    float *y, int64_t ldy, float *xp);
+void nat_cq_rotate(const float *x, int64_t K, int64_t in_pad, float *xp);
 /* Row r of the dequantised matrix, its first in_features values (tmp: in_pad floats). */
 void nat_cq_row(const CqMat *A, int64_t r, float *out, float *tmp);
 

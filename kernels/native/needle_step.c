@@ -7,7 +7,7 @@
 
    Reproducibility: compiled without -ffast-math and with -ffp-contract=off, so every
    product and sum is an IEEE float32 operation in the order written here. Dot products keep
-   16 lane accumulators in a fixed order and reduce them by a fixed tree: a row's result does
+   32 lane accumulators in a fixed order and reduce them by a fixed tree: a row's result does
    not depend on how many rows share the call (prefill == steps, bit for bit) nor on the
    vector width the compiler picked.
 
@@ -23,85 +23,95 @@
 
 #include "native.h"
 
-#define LANES 16
+#define LANES 32           /* four 8-wide accumulator chains: add latency hidden */
 
 /* ---- small helpers ---- */
 
-float nat_dot(const float *a, const float *b, int64_t K)
+/* Lane j of the accumulator sums a[k] * b[k] for k = j mod LANES in increasing k (multiply,
+   then add: no FMA), then a fixed tree adds the lanes. dot2 does exactly this for two rows
+   sharing b's loads, so every product in this file has the same bits however it is batched. */
+static float reduce(float *acc, const float *a, const float *b, int64_t k, int64_t K)
 {
-    float acc[LANES] = {0};
-    int64_t k = 0;
-#ifdef __AVX__
-    __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps();
-    for (; k + LANES <= K; k += LANES) {
-        c0 = _mm256_add_ps(c0, _mm256_mul_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k)));
-        c1 = _mm256_add_ps(c1, _mm256_mul_ps(_mm256_loadu_ps(a + k + 8),
-                                             _mm256_loadu_ps(b + k + 8)));
-    }
-    _mm256_storeu_ps(acc, c0);
-    _mm256_storeu_ps(acc + 8, c1);
-#else
-    for (; k + LANES <= K; k += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] += a[k + j] * b[k + j];
-#endif
     for (int j = 0; k + j < K; j++) acc[j] += a[k + j] * b[k + j];
     for (int s = LANES / 2; s; s >>= 1)
         for (int j = 0; j < s; j++) acc[j] += acc[j + s];
     return acc[0];
 }
 
-/* nat_dot of four rows against one weight row, sharing its loads: each row's lanes see
-   exactly the operations nat_dot would do (a multiply, then an add, lane by lane), so the
-   result is bit-identical to four calls. */
-static void dot4(const float *a, int64_t lda, const float *b, int64_t K, float *out,
-                 int64_t ldo)
+float nat_dot(const float *a, const float *b, int64_t K)
 {
-    float acc[4][LANES] = {{0}};
+    float acc[LANES] = {0};
     int64_t k = 0;
 #ifdef __AVX__
-    __m256 c[4][2];
-    for (int r = 0; r < 4; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
-    for (; k + LANES <= K; k += LANES) {
-        __m256 b0 = _mm256_loadu_ps(b + k), b1 = _mm256_loadu_ps(b + k + 8);
-        for (int r = 0; r < 4; r++) {
-            const float *ar = a + r * lda + k;
-            c[r][0] = _mm256_add_ps(c[r][0], _mm256_mul_ps(_mm256_loadu_ps(ar), b0));
-            c[r][1] = _mm256_add_ps(c[r][1], _mm256_mul_ps(_mm256_loadu_ps(ar + 8), b1));
-        }
-    }
-    for (int r = 0; r < 4; r++) {
-        _mm256_storeu_ps(acc[r], c[r][0]);
-        _mm256_storeu_ps(acc[r] + 8, c[r][1]);
-    }
+    __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+    for (; k + LANES <= K; k += LANES)
+        for (int q = 0; q < 4; q++)
+            c[q] = _mm256_add_ps(c[q], _mm256_mul_ps(_mm256_loadu_ps(a + k + 8 * q),
+                                                     _mm256_loadu_ps(b + k + 8 * q)));
+    for (int q = 0; q < 4; q++) _mm256_storeu_ps(acc + 8 * q, c[q]);
 #else
     for (; k + LANES <= K; k += LANES)
-        for (int r = 0; r < 4; r++)
+        for (int j = 0; j < LANES; j++) acc[j] += a[k + j] * b[k + j];
+#endif
+    return reduce(acc, a, b, k, K);
+}
+
+static void dot2(const float *a, int64_t lda, const float *b, int64_t K, float *out,
+                 int64_t ldo)
+{
+    float acc[2][LANES] = {{0}};
+    int64_t k = 0;
+#ifdef __AVX__
+    __m256 c[2][4];
+    for (int r = 0; r < 2; r++)
+        for (int q = 0; q < 4; q++) c[r][q] = _mm256_setzero_ps();
+    for (; k + LANES <= K; k += LANES)
+        for (int q = 0; q < 4; q++) {
+            __m256 bq = _mm256_loadu_ps(b + k + 8 * q);
+            for (int r = 0; r < 2; r++)
+                c[r][q] = _mm256_add_ps(c[r][q],
+                                        _mm256_mul_ps(_mm256_loadu_ps(a + r * lda + k + 8 * q),
+                                                      bq));
+        }
+    for (int r = 0; r < 2; r++)
+        for (int q = 0; q < 4; q++) _mm256_storeu_ps(acc[r] + 8 * q, c[r][q]);
+#else
+    for (; k + LANES <= K; k += LANES)
+        for (int r = 0; r < 2; r++)
             for (int j = 0; j < LANES; j++) acc[r][j] += a[r * lda + k + j] * b[k + j];
 #endif
-    for (int r = 0; r < 4; r++) {
-        for (int j = 0; k + j < K; j++) acc[r][j] += a[r * lda + k + j] * b[k + j];
-        for (int s = LANES / 2; s; s >>= 1)
-            for (int j = 0; j < s; j++) acc[r][j] += acc[r][j + s];
-        out[r * ldo] = acc[r][0];
-    }
+    for (int r = 0; r < 2; r++) out[r * ldo] = reduce(acc[r], a + r * lda, b, k, K);
 }
 
 /* y[r, o] = x[r, :] . W[o, :] for r < M, o < N. The weight row stays in L1 while every
    input row uses it, so a chunk of M rows reads the matrix from memory once. */
-static int nat_threads = 1;
+int nat_threads = 1;
 
 void nat_set_threads(int64_t t) { nat_threads = t < 1 ? 1 : (int)t; }
 
-void nat_gemm(const float *x, int64_t M, const float *W, int64_t N, int64_t K, float *y)
+/* y[r * ldy + o] = x[r * ldx :] . W[o, :] for r < M, o < N: every value by nat_dot's
+   arithmetic (dot2 is the same per row), serial. */
+void nat_gemm_block(const float *x, int64_t M, int64_t ldx, const float *W, int64_t N,
+                    int64_t K, float *y, int64_t ldy)
 {
-    /* Output rows split across threads: a value's arithmetic does not depend on the split. */
-#pragma omp parallel for schedule(static) num_threads(nat_threads) if (nat_threads > 1 && N * K >= (1 << 16))
     for (int64_t o = 0; o < N; o++) {
         const float *w = W + o * K;
         int64_t r = 0;
-        for (; r + 4 <= M; r += 4) dot4(x + r * K, K, w, K, y + r * N + o, N);
-        for (; r < M; r++) y[r * N + o] = nat_dot(x + r * K, w, K);
+        for (; r + 2 <= M; r += 2) dot2(x + r * ldx, ldx, w, K, y + r * ldy + o, ldy);
+        for (; r < M; r++) y[r * ldy + o] = nat_dot(x + r * ldx, w, K);
     }
+}
+
+/* y[r, o] = x[r, :] . W[o, :] for r < M, o < N. The weight row stays in L1 while every
+   input row uses it, so a chunk of M rows reads the matrix from memory once. Output rows
+   are split across threads: a value's arithmetic does not depend on the split. */
+void nat_gemm(const float *x, int64_t M, const float *W, int64_t N, int64_t K, float *y)
+{
+    int64_t B = 64;                                       /* weight rows per task */
+#pragma omp parallel for schedule(static) num_threads(nat_threads) if (nat_threads > 1 && N * K >= (1 << 16))
+    for (int64_t o0 = 0; o0 < N; o0 += B)
+        nat_gemm_block(x, M, K, W + o0 * K, (o0 + B < N ? B : N - o0), K, y + o0, N);
 }
 
 static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -171,7 +181,7 @@ void nat_fwht(float *x, int64_t n, float scale)
 typedef struct {
     float *nx, *r, *hpre, *u, *alpha, *bx, *h, *hpost, *res, *qkvg, *og, *a,
           *q, *kk, *o, *scores, *hbuf, *ap, *z, *mi, *mo, *y, *xn, *X, *ek, *ev, *e, *kv,
-          *xp, *lut, *tmp;
+          *xp, *tmp;
 } Scratch;
 
 static int64_t nq_of(const NModel *M) { return 2 * M->H * M->hd + 2 * M->KV * M->hd; }
@@ -189,8 +199,7 @@ static float *carve(const NModel *M, int64_t m, float *base, Scratch *s)
     TAKE(hbuf, M->hada); TAKE(ap, d); TAKE(z, d); TAKE(mi, d); TAKE(mo, d); TAKE(y, d);
     TAKE(xn, n * d); TAKE(X, m * n * d); TAKE(ek, M->sites * m * d);
     TAKE(ev, M->sites * m * d); TAKE(e, m * M->T * M->sub); TAKE(kv, m * 2 * d);
-    TAKE(xp, M->cq ? M->cq_max_in : 0); TAKE(lut, M->cq ? M->cq_lut : 0);
-    TAKE(tmp, M->cq ? M->cq_max_in : 0);
+    TAKE(xp, M->cq ? m * M->cq_max_in : 0); TAKE(tmp, M->cq ? M->cq_max_in : 0);
 #undef TAKE
     return p;
 }
@@ -278,7 +287,7 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         float ri = rms_inv(X + r * nd, nd, M->eps);
         for (int64_t t = 0; t < nd; t++) s->nx[r * nd + t] = X[r * nd + t] * ri;
     }
-    if (M->cq) nat_cq_product(M->cq_router + 3 * i, 3, s->nx, m, nd, s->r, nr, s->xp, s->lut);
+    if (M->cq) nat_cq_product(M->cq_router + 3 * i, 3, s->nx, m, nd, s->r, nr, s->xp);
     else nat_gemm(s->nx, m, M->router + i * nr * nd, nr, nd, s->r);
     for (int64_t r = 0; r < m; r++) {
         const float *rr = s->r + r * nr, *Xr = X + r * nd;
@@ -318,12 +327,12 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         nat_sinkhorn(res, n, M->sinkhorn_iters);
         if (r == 0) cap_put(cap, C_HRES, i, res, n * n);
     }
-    if (M->cq) nat_cq_product(M->cq_qkvg + 4 * i, 4, s->h, m, d, s->qkvg, nq, s->xp, s->lut);
+    if (M->cq) nat_cq_product(M->cq_qkvg + 4 * i, 4, s->h, m, d, s->qkvg, nq, s->xp);
     else nat_gemm(s->h, m, M->qkvg + i * nq * d, nq, d, s->qkvg);
     for (int64_t r = 0; r < m; r++)          /* in order: row r reads the rows before it */
         attend_row(M, S, i, pos0 + r, valid[r], s->qkvg + r * nq, s->og + r * attn, s, cap,
                    r == 0);
-    if (M->cq) nat_cq_product(M->cq_out + i, 1, s->og, m, attn, s->a, d, s->xp, s->lut);
+    if (M->cq) nat_cq_product(M->cq_out + i, 1, s->og, m, attn, s->a, d, s->xp);
     else nat_gemm(s->og, m, M->out + i * d * attn, d, attn, s->a);
     for (int64_t r = 0; r < m; r++) {
         const float *a = s->a + r * d, *bx = s->bx + r * d, *u = s->u + r * d;
@@ -378,7 +387,7 @@ static void engram(const NModel *M, NState *S, int64_t m, int64_t pos0, const in
                 for (int64_t c = 0; c < sub; c++) e[c] = row[c] * f;
             }
         if (M->cq) nat_cq_product(M->cq_eng_kv + 2 * st, 2, s->e, m, T * sub, s->kv, 2 * d,
-                                  s->xp, s->lut);
+                                  s->xp);
         else nat_gemm(s->e, m, M->eng_kv[st], 2 * d, T * sub, s->kv);
         for (int64_t r = 0; r < m; r++) {
             int64_t p = pos0 + r;
@@ -442,7 +451,7 @@ int64_t nat_rows(const NModel *M, NState *S, int64_t m, int64_t pos0, const int6
     for (int64_t t = 0; t < d; t++) S->hidden[t] = (1.0f + M->final_scale[t]) * (s.z[t] * ri);
     cap_put(cap, C_MEAN, 0, s.z, d);
     if (want_logits && M->cq)
-        nat_cq_product(M->cq_emb, 1, S->hidden, 1, d, logits, M->vocab, s.xp, s.lut);
+        nat_cq_product(M->cq_emb, 1, S->hidden, 1, d, logits, M->vocab, s.xp);
     else if (want_logits)
         nat_gemm(S->hidden, 1, M->emb, M->vocab, d, logits);
     return 0;
