@@ -2,6 +2,7 @@
 
 run     both sides over a seeded prompt and decode steps past the window; prints the
         tolerance table (per point, its worst step) and the first divergence.
+        `--model attn_v41`: DeepSeek-V4.1 attention instead (ladder/v41.py, issue #8).
 locate  the same, then the first divergence bisected inside its layer, with local
         (injected) vs propagated error.
 report  the same, written as markdown, CSV and a self-contained HTML page.
@@ -42,6 +43,12 @@ def _input_errors() -> tuple:
     from reference.params import ParamsError
     errs = [LadderInputError, ConfigError, ParamsError, DecodeInputError, StepError,
             StateError, RulesError, CompareError, fixtures.FixtureError, OSError]
+    for mod, name in (("ladder.v41", "V41FixtureError"), ("port.attn_v41", "AttnV41Error"),
+                      ("reference.attn_v41", "AttnV41Error")):
+        try:
+            errs.append(getattr(__import__(mod, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            pass
     for mod, name in (("reference.cact", "CactFormatError"), ("port.cq", "CqError")):
         try:
             errs.append(getattr(__import__(mod, fromlist=[name]), name))
@@ -193,7 +200,15 @@ def _print_table(cmp, args, out):
             f"--per-step every step)")
 
 
+def _other_model(args) -> bool:
+    """True for --model attn_v41 (issue #8): its ladder lives in ladder/v41.py."""
+    return getattr(args, "model", "needle_v2") == "attn_v41"
+
+
 def cmd_run(args, out=print) -> int:
+    if _other_model(args):
+        from .v41 import cmd_run as v41_run
+        return v41_run(args, out)
     cmp, extra, *_, info = compare_run(args, out)
     _print_table(cmp, args, out)
     out("")
@@ -209,6 +224,9 @@ def cmd_run(args, out=print) -> int:
 
 
 def cmd_locate(args, out=print) -> int:
+    if _other_model(args):
+        raise LadderInputError("--model attn_v41: only `run` is implemented (it prints the "
+                               "first divergence itself)")
     from .locate import locate
     cmp, extra, port, ref, model, window, info = compare_run(args, out)
     out("")
@@ -223,6 +241,9 @@ def cmd_locate(args, out=print) -> int:
 
 
 def cmd_report(args, out=print) -> int:
+    if _other_model(args):
+        raise LadderInputError("--model attn_v41: only `run` is implemented (it prints the "
+                               "first divergence itself)")
     from .locate import locate
     from .report import write_report
     cmp, extra, port, ref, model, window, info = compare_run(args, out)
@@ -279,6 +300,10 @@ def _model_args(p, regen=False):
     p.add_argument("--window", type=int, default=None, help="attention window (default: config)")
     if regen:
         return
+    p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
+                   help="needle_v2 (default) or attn_v41: DeepSeek-V4.1 attention, reference vs "
+                        "the official fixture and port vs reference (--fixture, --backend, "
+                        "--decode, --device apply)")
     p.add_argument("--rules", help="tolerance rules file (.toml or .json; see `ladder rules`)")
     p.add_argument("--weights", default=None,
                    help="port weight form: dense (float32) or cq (Cactus-Quants codes; the "
@@ -287,9 +312,10 @@ def _model_args(p, regen=False):
     p.add_argument("--bits-map", default="embedding=4,mhc=4,default=2",
                    help="CQ widths when --weights cq quantises --params/--preset weights")
     p.add_argument("--device", default="cpu", help="port device (the reference runs on CPU)")
-    p.add_argument("--backend", default="torch", choices=["torch", "triton"],
-                   help="the port's attention kernel: torch twin or Triton (the interpreter on "
-                        "CPU: slow, for the tiny model)")
+    p.add_argument("--backend", default="torch", choices=["torch", "triton", "native"],
+                   help="the port's kernels: torch ops with the torch attention twin, Triton "
+                        "attention (the interpreter on CPU: slow, for the tiny model), or the "
+                        "native C step (CPU; with --weights cq it reads the packed codes)")
     p.add_argument("--decode", default="eager", choices=["eager", "graph"],
                    help="the port's step: eager, or host prep + the capturable device body "
                         "(a CUDA graph on CUDA); the run checks it against the traced eager "

@@ -228,9 +228,9 @@ KERNEL_RULES = {
     "triton_vs_torch/*": Rule(2e-6, why="two f32 reduction orders of the same tiles"),
     "native/gemm": Rule(2e-6, why="f32 dot of 16 lane sums and a fixed tree vs float64, K <= "
                                   "2048: measured <= 3e-7, torch's own f32 matmul alike"),
-    "native/cq": Rule(2e-6, why="packed-code products through f32 lookup tables vs the float64 "
-                                "product of the exactly dequantised matrix: measured <= 2.1e-7 "
-                                "(2, 4 bits, ternary; K = 300)"),
+    "native/cq": Rule(2e-6, why="products of the decoded f32 pre-rotation rows with the rotated "
+                                "input vs the float64 product of the exactly dequantised "
+                                "matrix: a rounding of each weight and a 128-point rotation"),
     "native/sinkhorn": Rule(2e-6, why="20 log-domain iterations on an n x n matrix in f32 "
                                       "(libm expf/logf vs torch's): a few ulps of each entry"),
 }

@@ -50,4 +50,11 @@ g = med(lambda: graph.step(next(tok) % 8000, sb), 100)
 print(f"shipped decode step: eager {e / 1e3:.2f} ms, graph replay {g / 1e3:.2f} ms, "
       f"ratio {e / g:.2f}x")
 PYEOF
+# Issue #8: DeepSeek-V4.1 attention on the GPU (CUDA-graph replay vs eager bytes, Triton and the
+# torch twin vs the reference); on CPU the GPU file skips and the rest runs under the interpreter.
+$PY -m pytest -q -s tests/test_attn_v41_cuda.py tests/test_attn_v41_props.py \
+    tests/test_attn_v41_port.py || status=1
+if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    $PY -m ladder run --model attn_v41 --device cuda --backend triton --decode graph || status=1
+fi
 exit $status

@@ -1,0 +1,298 @@
+"""The AttnV41 runtime with every V4.1 layer class (attn_v41 spec §2): window-only, and the
+compressed classes (ratio 2 and 1) whose kv sources publish a compressed cache, whose index
+sources publish a selection (the candidate source also a block filter) and whose other layers
+reuse what was last published.
+
+  AttnStackV41(args, weights, backend="torch"|"triton", decode="eager"|"graph", device=None)
+  reset()                              a new sequence (layer 0 at position 0 also resets)
+  forward(layer, x, start_pos, trace)  x [m, dim] bf16 -> [m, dim] bf16; layers in order
+  decode_capturable(layer)             False on kv and index sources (host decisions mid-layer)
+  decode_fixed_topk(layer)             ratio > 0: min(window + index_topk, 2048); ratio 0: window
+  decode_prep(layer, start_pos)        host: position and the -1-padded selection (window slots,
+  decode_prep_role(ratio>0, start_pos)   then the shared selection) into static buffers, each
+                                       uploaded only when it changed; returns the compressed rows
+                                       the body reads (None for ratio 0)
+  decode_body(layer, x, rows_b)        device only: projections, RoPE from the device position,
+                                       the ring write at pos % window, sparse attention over
+                                       [ring | rows_b] with the fixed-width selection, output
+  invalidate_decode_uploads()          forget what the static buffers hold
+
+A capturable one-token step runs the same arithmetic eagerly and in the body (the eager step
+hands sparse attention the unpadded selection, the body the -1-padded one, which changes no
+bit), so decode="graph" output bytes equal decode="eager". With decode="graph" forward routes
+those steps through port/attn_v41_graph.py (a CUDA graph per layer on CUDA).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.ring import ring_put_torch, ring_put_triton, window_topk_idxs
+from kernels.sparse_attn_v41 import sparse_attn_v41
+from reference.config_v41 import MAX_SELECTION, V41Args, V41ConfigError, weight_names
+
+from .attn_v41_compress import compressed_part
+from .attn_v41_ops import AttnV41Error, fp8_rt, rms, rope, rope_cis
+
+__all__ = ["AttnStackV41", "AttnV41Error"]
+
+
+class AttnStackV41:
+    def __init__(self, args, weights: dict, backend: str = "torch", decode: str = "eager",
+                 device=None, max_tokens: int | None = None):
+        try:
+            self.args = a = V41Args.from_any(args)
+        except V41ConfigError as e:
+            raise AttnV41Error(str(e)) from None
+        if backend not in ("torch", "triton"):
+            raise AttnV41Error(f"backend={backend!r} is not 'torch' or 'triton'")
+        if decode not in ("eager", "graph"):
+            raise AttnV41Error(f"decode={decode!r} is not 'eager' or 'graph'")
+        self.backend, self.decode = backend, decode
+        try:
+            self.dev = dev = torch.device(device or "cpu")
+        except RuntimeError as e:
+            raise AttnV41Error(f"device={device!r}: {e}") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise AttnV41Error(f"device={device!r}: torch.cuda.is_available() is False "
+                               f"(torch {torch.__version__})")
+        self.max_tokens = max_tokens or a.max_seq_len
+        if not 1 <= self.max_tokens <= a.max_seq_len:
+            raise AttnV41Error(f"max_tokens={self.max_tokens} outside 1..{a.max_seq_len}")
+        self.w = {}
+        for i in range(a.n_layers):
+            for n in weight_names(a, i):
+                if n not in weights:
+                    raise AttnV41Error(f"weights lack {n!r} (layer {i}'s role needs it)")
+                self.w[n] = weights[n].to(dev)
+        self.plain = rope_cis(a.rope_head_dim, a.max_seq_len, a.rope_theta).to(dev)
+        self.yarn = rope_cis(a.rope_head_dim, a.max_seq_len, a.compress_rope_theta, True,
+                             a.rope_factor, a.original_seq_len, a.beta_fast,
+                             a.beta_slow).to(dev)
+        self.scale = a.head_dim ** -0.5
+        i64 = dict(dtype=torch.int64, device=dev)
+        self.pos = torch.zeros(1, **i64)                                  # decode position
+        self.idx_dev = torch.full((1, min(a.window_size + a.index_topk, MAX_SELECTION)), -1,
+                                  **i64)                                  # ratio > 0 class
+        self.idx_dev_win = torch.full((1, a.window_size), -1, **i64)     # ratio 0 class
+        self._uploaded = {}
+        self._state = None
+        self.reset()
+        self.graphs = None
+        if decode == "graph":
+            from .attn_v41_graph import DecodeGraphsV41
+            self.graphs = DecodeGraphsV41(self)
+
+    # ---- state ----
+    def reset(self):
+        """Zero every per-sequence buffer in place (captured graphs keep their pointers)."""
+        a, dev, bf = self.args, self.dev, torch.bfloat16
+        if self._state is None:
+            self.ring = [torch.zeros(a.window_size, a.head_dim, dtype=bf, device=dev)
+                         for _ in range(a.n_layers)]
+            self.cache, self.kcache, self.kv_state, self.score_state = {}, {}, {}, {}
+            for i in a.kv_source_layers:
+                r = a.compress_ratios[i]
+                self.cache[i] = torch.zeros(a.max_seq_len // r, a.head_dim, dtype=bf, device=dev)
+                if i in a.index_source_layers:
+                    self.kcache[i] = torch.zeros(a.max_seq_len // r, a.index_head_dim, dtype=bf,
+                                                 device=dev)
+                if r > 1:
+                    self.kv_state[i] = torch.zeros(r, a.head_dim, dtype=torch.float32, device=dev)
+                    self.score_state[i] = torch.empty_like(self.kv_state[i])
+            self._state = [*self.ring, *self.cache.values(), *self.kcache.values(),
+                           *self.kv_state.values()]
+        for t in self._state:
+            t.zero_()
+        for t in self.score_state.values():
+            t.fill_(-torch.inf)
+        self.shared = {"compress_kv": None, "index_k": None, "topk_idxs": None,
+                       "candidates": None}
+        self.invalidate_decode_uploads()
+
+    def _p(self, layer, name):
+        return self.w[f"layers.{layer}.attn.{name}"]
+
+    # ---- decode classes ----
+    def decode_capturable(self, layer: int) -> bool:
+        r = self._role(layer)
+        return not (r.is_kv_source or r.is_index_source)
+
+    def decode_fixed_topk(self, layer: int) -> int:
+        return self._fixed(self._role(layer).ratio > 0)
+
+    def _fixed(self, ratio_positive: bool) -> int:
+        a = self.args
+        return min(a.window_size + a.index_topk, MAX_SELECTION) if ratio_positive \
+            else a.window_size
+
+    def _role(self, layer):
+        if not isinstance(layer, int) or not 0 <= layer < self.args.n_layers:
+            raise AttnV41Error(f"layer={layer!r} outside 0..{self.args.n_layers - 1}")
+        return self.args.role(layer)
+
+    def invalidate_decode_uploads(self) -> None:
+        self._uploaded = {}
+
+    def decode_prep(self, layer: int, start_pos: int):
+        if not self.decode_capturable(layer):
+            raise AttnV41Error(f"layer {layer} is a kv or index source: its decode step decides "
+                               f"on the host mid-layer and is not capturable")
+        return self.decode_prep_role(self._role(layer).ratio > 0, start_pos)
+
+    def decode_prep_role(self, ratio_positive: bool, start_pos: int):
+        a = self.args
+        if not 1 <= start_pos < a.max_seq_len:
+            raise AttnV41Error(f"decode start_pos={start_pos} outside 1..max_seq_len-1="
+                               f"{a.max_seq_len - 1} (position 0 is a prefill)")
+        if self._uploaded.get("pos") != start_pos:
+            self.pos.fill_(start_pos)
+            self._uploaded["pos"] = start_pos
+        sel = window_topk_idxs(a.window_size, 1, start_pos)[0].tolist()
+        rows_b = None
+        if ratio_positive:
+            shared, rows_b = self.shared["topk_idxs"], self.shared["compress_kv"]
+            if rows_b is None or shared is None:
+                raise AttnV41Error("decode_prep for a compressed layer before any source "
+                                   "published a compressed cache and a selection")
+            if shared.shape[0] != 1:
+                raise AttnV41Error(f"the shared selection holds {shared.shape[0]} queries; a "
+                                   f"decode step takes 1")
+            sel += shared[0].tolist()
+        fixed, key = self._fixed(ratio_positive), "idx" if ratio_positive else "idx_win"
+        if len(sel) > fixed:
+            raise AttnV41Error(f"selection of {len(sel)} entries exceeds the fixed decode width "
+                               f"{fixed}")
+        padded = sel + [-1] * (fixed - len(sel))
+        if self._uploaded.get(key) != padded:
+            buf = self.idx_dev if ratio_positive else self.idx_dev_win
+            buf.copy_(torch.tensor([padded], dtype=torch.int64))
+            self._uploaded[key] = padded
+        self.last_selection = torch.tensor([sel], dtype=torch.int64)
+        return rows_b
+
+    def decode_body(self, layer: int, x, rows_b):
+        """Device half of a capturable one-token step; returns the step's tensors (`out` and the
+        trace points computed on the device)."""
+        role = self._role(layer)
+        if not self.decode_capturable(layer):
+            raise AttnV41Error(f"layer {layer} is a kv or index source: no capturable body")
+        if (rows_b is not None) != (role.ratio > 0):
+            raise AttnV41Error(f"layer {layer} (ratio {role.ratio}) needs rows_b "
+                               f"{'present' if role.ratio else 'absent'}")
+        idx = self.idx_dev if role.ratio else self.idx_dev_win
+        return self._step(layer, x, self.pos, idx, rows_b)
+
+    # ---- shared arithmetic ----
+    def _qkv(self, layer, x, cis):
+        a = self.args
+        qr = rms(F.linear(x, self._p(layer, "wq_a.weight")), self._p(layer, "q_norm.weight"),
+                 a.norm_eps)
+        q = rope(F.linear(qr, self._p(layer, "wq_b.weight")).view(-1, a.n_heads, a.head_dim),
+                 cis)
+        kv = rms(F.linear(x, self._p(layer, "wkv.weight")), self._p(layer, "kv_norm.weight"),
+                 a.norm_eps)
+        return qr, q, fp8_rt(rope(kv, cis))
+
+    def _attend(self, layer, q, rows_a, rows_b, idx, cis):
+        a = self.args
+        o = sparse_attn_v41(q, rows_a, rows_b, idx, self.scale, self._p(layer, "attn_sink"),
+                            self.backend).to(torch.bfloat16)
+        o_rot = rope(o, cis, inverse=True)
+        wo_a = self._p(layer, "wo_a.weight").view(a.o_groups, a.o_lora_rank, -1)
+        og = torch.einsum("mgd,grd->mgr", o_rot.reshape(o.shape[0], a.o_groups, -1),
+                          wo_a).flatten(1)
+        out = F.linear(og, self._p(layer, "wo_b.weight"))
+        return {"o": o, "o_rot": o_rot, "og": og, "out": out}
+
+    def _step(self, layer, x, pos, idx, rows_b):
+        """One token at the device position `pos`: the capturable arithmetic."""
+        role = self.args.role(layer)
+        cis = (self.yarn if role.ratio else self.plain).index_select(0, pos)
+        qr, q, kv = self._qkv(layer, x, cis)
+        put = ring_put_triton if self.backend == "triton" else ring_put_torch
+        put(self.ring[layer], kv, pos, self.args.window_size)      # slot read on the device
+        res = self._attend(layer, q, self.ring[layer], rows_b, idx, cis)
+        res.update(qr=qr, q=q, kv=kv)
+        return res
+
+    # ---- eager ----
+    def _check(self, layer, x, start_pos):
+        a = self.args
+        self._role(layer)
+        if x.dim() != 2 or x.shape[1] != a.dim or x.dtype != torch.bfloat16:
+            raise AttnV41Error(f"x must be bf16 [m, dim={a.dim}], got {x.dtype} {list(x.shape)}")
+        m = x.shape[0]
+        if not 1 <= m <= self.max_tokens:
+            raise AttnV41Error(f"m={m} tokens outside 1..max_tokens={self.max_tokens}")
+        if start_pos < 0 or start_pos + m > a.max_seq_len:
+            raise AttnV41Error(f"positions {start_pos}..{start_pos + m - 1} outside "
+                               f"0..max_seq_len-1={a.max_seq_len - 1}")
+        if start_pos > 0 and m != 1:
+            raise AttnV41Error(f"start_pos={start_pos} > 0 takes one token (a decode step), "
+                               f"got m={m}")
+
+    def forward(self, layer: int, x, start_pos: int, trace=None):
+        self._check(layer, x, start_pos)
+        x = x.to(self.dev)
+        if layer == 0 and start_pos == 0:
+            self.reset()
+        tr = trace or (lambda name, lay, v: None)
+        if start_pos > 0 and self.decode_capturable(layer):
+            if self.graphs is not None:
+                return self.graphs.step(layer, x, start_pos, trace)
+            return self._eager_step(layer, x, start_pos, tr)
+        return self._general(layer, x, start_pos, tr)
+
+    def _eager_step(self, layer, x, start_pos, tr):
+        role, a = self.args.role(layer), self.args
+        widx = window_topk_idxs(a.window_size, 1, start_pos).to(self.dev)
+        idx, rows_b = widx, None
+        if role.ratio:
+            rows_b = self._published(layer)
+            idx = torch.cat([widx, self.shared["topk_idxs"].to(self.dev)], dim=1)
+        res = self._step(layer, x, torch.tensor([start_pos], device=self.dev), idx, rows_b)
+        clen = (start_pos + 1) // role.ratio if role.ratio else 0
+        emit(tr, layer, res, widx, idx, rows_b[:clen] if role.ratio else None)
+        return res["out"]
+
+    def _published(self, layer):
+        rows_b, sel = self.shared["compress_kv"], self.shared["topk_idxs"]
+        if rows_b is None or sel is None:
+            raise AttnV41Error(f"layer {layer} (ratio {self.args.compress_ratios[layer]}) runs "
+                               f"before any kv source published a compressed cache")
+        return rows_b
+
+    def _general(self, layer, x, start_pos, tr):
+        a, role, m = self.args, self.args.role(layer), x.shape[0]
+        cis = (self.yarn if role.ratio else self.plain)[start_pos:start_pos + m]
+        qr, q, kv = self._qkv(layer, x, cis)
+        ring, win = self.ring[layer], a.window_size
+        for t in range(max(0, m - win), m):
+            ring[(start_pos + t) % win] = kv[t]
+        rows_a = kv if start_pos == 0 else ring
+        widx = window_topk_idxs(win, m, start_pos).to(self.dev)
+        idx, rows_b, shown = widx, None, None
+        if role.ratio:
+            rows_b, sel, clen = compressed_part(self, layer, role, x, qr, start_pos,
+                                                rows_a.shape[0], tr)
+            idx, shown = torch.cat([widx, sel.to(self.dev)], dim=1), rows_b[:clen]
+            limit = min(win + a.index_topk, MAX_SELECTION)
+            if idx.shape[1] > limit:
+                raise AttnV41Error(f"layer {layer}: selection of {idx.shape[1]} entries exceeds "
+                                   f"min(window + index_topk, {MAX_SELECTION}) = {limit}")
+        res = self._attend(layer, q, rows_a, rows_b, idx, cis)
+        res.update(qr=qr, q=q, kv=kv)
+        emit(tr, layer, res, widx, idx, shown)
+        return res["out"]
+
+
+def emit(tr, layer, res, widx, idx, rows_b):
+    for name in ("qr", "q", "kv"):
+        tr(name, layer, res[name])
+    tr("window_idxs", layer, widx)
+    if rows_b is not None:
+        tr("compressed_rows", layer, rows_b)
+    tr("topk_idxs", layer, idx)
+    for name in ("o", "o_rot", "og", "out"):
+        tr(name, layer, res[name])

@@ -1,0 +1,254 @@
+"""DeepSeek-V4.1 attention, every layer class, restated plainly (attn_v41 spec §2.2, §3).
+
+`AttnStackV41(args, weights)`: `args` carries the official ModelArgs field names (see
+reference/config_v41.py), `weights` the official parameter names (`layers.{i}.attn.wq_a.weight`,
+`...compressor.wkv.weight`, `...indexer.wq_b.weight`, `...attn_sink`, ...). `reset()` starts a
+sequence (layer 0 at position 0 also does); `forward(layer, x, start_pos, trace=None)` runs one
+layer's attention on its normed input x [m, dim] bf16 and returns [m, dim] bf16. Within a call
+the layers run in order 0..L-1, so sources publish before their consumers read:
+
+  kv source      runs the Compressor and publishes its compressed cache (and index keys)
+  index source   runs the Indexer and publishes its selection (an empty one while nothing is
+                 compressed); the candidate source also publishes its block filter
+  other ratio>0  attends over what was last published
+  ratio 0        its own window only
+
+Attention is one sparse softmax over [window rows | compressed rows] with a per-head sink in the
+denominator, computed like the official kernel: tiles of 64 selected rows, a running max floored
+at -1e30, probabilities rounded to bf16 before they weight the rows, the sink added last.
+Trace points (trace(name, layer, tensor)): qr, q, kv, window_idxs, latent (pre-RoPE, sources),
+index_q, compressed_rows, topk_idxs (merged), o (before inverse RoPE), o_rot, og, out.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .attn_v41_index import candidate_keep, select, visible_lens, window_idxs
+from .attn_v41_quant import fp4_roundtrip_e4m3, fp4_roundtrip_e8m0, fp8_roundtrip
+from .attn_v41_rope import rope_table, rotate
+from .config_v41 import V41Args, weight_names
+
+TILE = 64
+
+
+class AttnV41Error(ValueError):
+    """A call the V4.1 attention refuses (names the value and the limit)."""
+
+
+def rms_norm(x, w, eps):
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    return (w * y).to(x.dtype)
+
+
+def sparse_attn_sink(q, rows, sink, idx, scale):
+    """q [m, H, D] bf16, rows [N, D] bf16 (key and value), sink [H] f32, idx [m, K] (-1 absent)
+    -> [m, H, D] bf16."""
+    m, H, D = q.shape
+    qf, rf = q.float(), rows.float()
+    f32 = dict(dtype=torch.float32)
+    acc = torch.zeros(m, H, D, **f32)
+    den = torch.zeros(m, H, **f32)
+    top = torch.full((m, H), -1e30, **f32)
+    for t0 in range(0, idx.shape[1], TILE):
+        j = idx[:, t0:t0 + TILE].long()
+        ok = j >= 0
+        r = rf[j.clamp_min(0)] * ok[..., None]                        # [m, B, D]
+        s = torch.where(ok[:, None, :], torch.einsum("mhd,mbd->mhb", qf, r), -torch.inf) * scale
+        new_top = torch.maximum(top, s.amax(-1))
+        shrink = torch.exp(top - new_top)
+        p = torch.exp(s - new_top[..., None])
+        den = den * shrink + p.sum(-1)
+        acc = acc * shrink[..., None] + torch.einsum("mhb,mbd->mhd", p.bfloat16().float(), r)
+        top = new_top
+    den = den + torch.exp(sink.float() - top)
+    return (acc / den[..., None]).to(torch.bfloat16)
+
+
+class AttnStackV41:
+    def __init__(self, args, weights: dict):
+        self.args = a = V41Args.from_any(args)
+        self.w = {}
+        for i in range(a.n_layers):
+            for name in weight_names(a, i):
+                if name not in weights:
+                    raise AttnV41Error(f"weights lack {name!r} (layer {i}'s role needs it)")
+                self.w[name] = weights[name]
+        self.plain = rope_table(a.rope_head_dim, a.max_seq_len, a.rope_theta)
+        self.yarn = rope_table(a.rope_head_dim, a.max_seq_len, a.compress_rope_theta, True,
+                               a.rope_factor, a.original_seq_len, a.beta_fast, a.beta_slow)
+        self.reset()
+
+    def reset(self):
+        a = self.args
+        bf = torch.bfloat16
+        self.ring = [torch.zeros(a.window_size, a.head_dim, dtype=bf) for _ in range(a.n_layers)]
+        self.cache, self.kcache, self.kv_state, self.score_state = {}, {}, {}, {}
+        for i in a.kv_source_layers:
+            r = a.compress_ratios[i]
+            self.cache[i] = torch.zeros(a.max_seq_len // r, a.head_dim, dtype=bf)
+            if i in a.index_source_layers:
+                self.kcache[i] = torch.zeros(a.max_seq_len // r, a.index_head_dim, dtype=bf)
+            if r > 1:
+                self.kv_state[i] = torch.zeros(r, a.head_dim, dtype=torch.float32)
+                self.score_state[i] = torch.full((r, a.head_dim), -torch.inf,
+                                                 dtype=torch.float32)
+        self.shared = {"compress_kv": None, "index_k": None, "topk_idxs": None,
+                       "candidates": None}
+
+    def _p(self, layer, name):
+        return self.w[f"layers.{layer}.attn.{name}"]
+
+    def _check(self, layer, x, start_pos):
+        a = self.args
+        if not 0 <= layer < a.n_layers:
+            raise AttnV41Error(f"layer={layer} outside 0..{a.n_layers - 1}")
+        if x.dim() != 2 or x.shape[1] != a.dim or x.dtype != torch.bfloat16:
+            raise AttnV41Error(f"x must be bf16 [m, dim={a.dim}], got {x.dtype} {list(x.shape)}")
+        m = x.shape[0]
+        if not 1 <= m <= a.max_seq_len:
+            raise AttnV41Error(f"m={m} tokens outside 1..max_seq_len={a.max_seq_len}")
+        if start_pos < 0 or start_pos + m > a.max_seq_len:
+            raise AttnV41Error(f"positions {start_pos}..{start_pos + m - 1} outside "
+                               f"0..max_seq_len-1={a.max_seq_len - 1}")
+        if start_pos > 0 and m != 1:
+            raise AttnV41Error(f"start_pos={start_pos} > 0 takes one token (a decode step), "
+                               f"got m={m}")
+
+    def forward(self, layer: int, x, start_pos: int, trace=None):
+        self._check(layer, x, start_pos)
+        if layer == 0 and start_pos == 0:
+            self.reset()
+        a, role = self.args, self.args.role(layer)
+        tr = trace or (lambda name, lay, v: None)
+        m = x.shape[0]
+        f = (self.yarn if role.ratio else self.plain)[start_pos:start_pos + m]
+
+        qr = rms_norm(F.linear(x, self._p(layer, "wq_a.weight")), self._p(layer, "q_norm.weight"),
+                      a.norm_eps)
+        q = rotate(F.linear(qr, self._p(layer, "wq_b.weight")).view(m, a.n_heads, a.head_dim), f)
+        kv = rms_norm(F.linear(x, self._p(layer, "wkv.weight")), self._p(layer, "kv_norm.weight"),
+                      a.norm_eps)
+        kv = fp8_roundtrip(rotate(kv, f))
+        tr("qr", layer, qr), tr("q", layer, q), tr("kv", layer, kv)
+
+        ring, win = self.ring[layer], a.window_size
+        for t in range(max(0, m - win), m):               # the ring holds position p at p % win
+            ring[(start_pos + t) % win] = kv[t]
+        rows = kv if start_pos == 0 else ring
+        idx = window_idxs(win, m, start_pos)
+        tr("window_idxs", layer, idx)
+        if role.ratio:
+            rows_b, sel = self._compressed(layer, role, x, qr, start_pos, rows.shape[0], tr)
+            rows = torch.cat([rows, rows_b])
+            idx = torch.cat([idx, sel], dim=1)
+        tr("topk_idxs", layer, idx)
+
+        o = sparse_attn_sink(q, rows, self._p(layer, "attn_sink"), idx, a.head_dim ** -0.5)
+        o_rot = rotate(o, f, inverse=True)
+        wo_a = self._p(layer, "wo_a.weight").view(a.o_groups, a.o_lora_rank, -1)
+        og = torch.einsum("mgd,grd->mgr", o_rot.reshape(m, a.o_groups, -1), wo_a).flatten(1)
+        out = F.linear(og, self._p(layer, "wo_b.weight"))
+        tr("o", layer, o), tr("o_rot", layer, o_rot), tr("og", layer, og), tr("out", layer, out)
+        return out
+
+    # ---- compressed part ----
+    def _compressed(self, layer, role, x, qr, start_pos, offset, tr):
+        sh, m = self.shared, x.shape[0]
+        ratio = role.ratio
+        clen = (start_pos + m) // ratio
+        latent = None
+        if role.is_kv_source:
+            latent = self._compress(layer, ratio, x, start_pos)
+            sh["compress_kv"] = self.cache[layer]
+            if latent is not None:
+                tr("latent", layer, latent)
+        if sh["compress_kv"] is None:
+            raise AttnV41Error(f"layer {layer} (ratio {ratio}) runs before any kv source "
+                               f"published a compressed cache")
+        if role.is_index_source:
+            if clen == 0:
+                sel = torch.empty(m, 0, dtype=torch.int32)
+            else:
+                sel = self._index(layer, role, x, qr, latent, start_pos, offset, tr)
+            sh["topk_idxs"] = sel
+        else:
+            sel = sh["topk_idxs"]
+            if sel is None or sel.shape[0] != m:
+                raise AttnV41Error(f"layer {layer} reuses a selection no index source "
+                                   f"published for these {m} queries")
+        if latent is not None:
+            g = latent.shape[0]
+            pos = torch.arange(g) * ratio if start_pos == 0 \
+                else torch.tensor([start_pos + 1 - ratio])
+            row0 = start_pos // ratio
+            self.cache[layer][row0:row0 + g] = fp4_roundtrip_e4m3(rotate(latent, self.yarn[pos]))
+        rows_b = sh["compress_kv"][:clen]
+        tr("compressed_rows", layer, rows_b)
+        return rows_b, sel
+
+    def _compress(self, layer, ratio, x, start_pos):
+        """The pre-RoPE latents this call completes ([groups, hd] bf16), or None."""
+        a = self.args
+        norm = self._p(layer, "compressor.norm.weight")
+        if ratio == 1:
+            return rms_norm(F.linear(x, self._p(layer, "compressor.wkv.weight")), norm, a.norm_eps)
+        xf = x.float()
+        kv = F.linear(xf, self._p(layer, "compressor.wkv.weight"))
+        score = F.linear(xf, self._p(layer, "compressor.wgate.weight"))
+        ks, ss = self.kv_state[layer], self.score_state[layer]
+        m = x.shape[0]
+        if start_pos == 0:
+            full = m - m % ratio
+            ks[:m - full], ss[:m - full] = kv[full:], score[full:]     # the partial group waits
+            if full == 0:
+                return None
+            g_kv = kv[:full].unflatten(0, (-1, ratio))
+            g_score = score[:full].unflatten(0, (-1, ratio))
+            pooled = (g_kv * g_score.softmax(dim=1)).sum(dim=1)
+        else:
+            ks[start_pos % ratio], ss[start_pos % ratio] = kv[0], score[0]
+            if (start_pos + 1) % ratio:
+                return None
+            pooled = (ks * ss.softmax(dim=0)).sum(dim=0, keepdim=True)
+        return rms_norm(pooled.to(torch.bfloat16), norm, a.norm_eps)
+
+    def _index(self, layer, role, x, qr, latent, start_pos, offset, tr):
+        a, sh, m = self.args, self.shared, x.shape[0]
+        ratio, width = role.ratio, (start_pos + m) // role.ratio
+        if role.is_kv_source and latent is not None:
+            pos = torch.arange(latent.shape[0]) * ratio if start_pos == 0 \
+                else torch.tensor([start_pos + 1 - ratio])
+            k = rms_norm(F.linear(latent, self._p(layer, "indexer.wk.weight")),
+                         self._p(layer, "indexer.k_norm.weight"), a.norm_eps)
+            k = fp4_roundtrip_e8m0(rotate(k, self.yarn[pos]))
+            row0 = start_pos // ratio
+            self.kcache[layer][row0:row0 + k.shape[0]] = k
+            # published only when this call produced keys (as the official code does): on the
+            # other decode steps the indexer reads whatever key cache was published last
+            sh["index_k"] = self.kcache[layer]
+        if sh["index_k"] is None:
+            raise AttnV41Error(f"index source {layer} runs before any index keys were published")
+        f = self.yarn[start_pos:start_pos + m]
+        qi = F.linear(qr, self._p(layer, "indexer.wq_b.weight"))
+        qi = fp4_roundtrip_e8m0(rotate(qi.view(m, a.index_n_heads, a.index_head_dim), f))
+        tr("index_q", layer, qi)
+        keys = sh["index_k"][:width]
+        hw = F.linear(x, self._p(layer, "indexer.weights_proj.weight")) * \
+            (a.index_head_dim ** -0.5 * a.index_n_heads ** -0.5)
+        score = torch.einsum("bshd,btd->bsht", qi[None], keys[None])
+        score = (score.relu() * hw[None, ..., None]).sum(dim=2)[0]      # [m, W] bf16
+        lens = visible_lens(m, start_pos, ratio)
+        if start_pos == 0:
+            score = score.masked_fill(torch.arange(width)[None, :] >= lens, -torch.inf)
+        if role.is_candidate_source:
+            sh["candidates"] = candidate_keep(score, lens, a.candidate_topk_blocks,
+                                              a.candidate_block_size)
+        elif role.uses_candidates:
+            cand = sh["candidates"]
+            if cand is None or tuple(cand.shape) != tuple(score.shape):
+                raise AttnV41Error(f"index source {layer} needs the candidate source's filter "
+                                   f"for {tuple(score.shape)} scores")
+            score = score.masked_fill(~cand, -torch.inf)
+        return select(score, lens, min(a.index_topk, width), offset)

@@ -1,0 +1,49 @@
+"""GPU checks of the V4.1 runtime (tools/device_check.sh runs them; skipped without CUDA): real
+CUDA-graph capture and replay of every capturable layer-step equal the eager port's bytes, and
+the port on the GPU (torch twin and Triton) matches the reference on the official inputs."""
+import pytest
+import torch
+
+from kernels.sparse_attn_v41 import triton
+from ladder.v41 import compare, graph_vs_eager, load_fixture, run_side
+from port.attn_v41 import AttnStackV41
+from reference.attn_v41 import AttnStackV41 as RefStack
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(triton is None,
+                                                                     reason="no Triton"))]
+
+
+@pytest.fixture(scope="module")
+def fx():
+    return load_fixture()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cuda_graph_replay_equals_eager_bytes(fx, backend):
+    man, rec, w = fx
+    eager = AttnStackV41(man["model_args"], w, backend=backend, device="cuda")
+    graph = AttnStackV41(man["model_args"], w, backend=backend, decode="graph", device="cuda")
+    n, bad = graph_vs_eager(eager, graph, man, rec)
+    assert graph.graphs.captures >= 5                   # one graph per capturable layer
+    assert n >= 200 and not bad, f"{len(bad)} of {n} layer-steps differ: {bad[:3]}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cuda_port_matches_reference(fx, backend):
+    """cuBLAS and the GPU's RoPE products sum in other orders than the CPU, so a bf16 value can
+    move by an ulp and flip a selection at an exact near-tie (spec §7 accepts those on device).
+    Such layer-steps are counted (at most 2%); every other point must pass, indices exactly."""
+    man, rec, w = fx
+    ref = run_side(RefStack(man["model_args"], w), man, rec)
+    port = AttnStackV41(man["model_args"], w, backend=backend, decode="graph", device="cuda")
+    rows = compare(run_side(port, man, rec), ref, "v41_port", [c["key"] for c in man["calls"]])
+    flipped = {(r[0], r[1]) for r in rows if r[2] == "topk_idxs" and not r[3]}
+    bad = [r for r in rows if not r[3] and (r[0], r[1]) not in flipped]
+    worst = max(r[4] for r in rows if r[2] not in ("window_idxs", "topk_idxs")
+                and (r[0], r[1]) not in flipped)
+    steps = len({(r[0], r[1]) for r in rows})
+    print(f"cuda {backend}: {len(rows)} points, worst err/allowance {worst:.4f}, "
+          f"{len(flipped)}/{steps} layer-steps with a flipped selection")
+    assert not bad, f"{len(bad)} failing points, first {bad[:1]}"
+    assert len(flipped) <= 0.02 * steps, sorted(flipped)[:5]

@@ -1,0 +1,82 @@
+"""reference/attn_v41.py against DeepSeek's own V4.1 attention (the committed fixture made by
+tools/gen_v41_attn_fixture.py from the official model.py), layer by layer from the official
+inputs: index tensors exact, float tensors within the bf16 rule of ladder/rules.py."""
+import pytest
+import torch
+
+from ladder.rules import V41_RULES, rule_for
+from ladder.v41 import INDEX_POINTS, compare, load_fixture, run_side
+from reference.attn_v41 import AttnStackV41
+
+OFFICIAL_SHA256 = "4e9ae23620edc8028ccc5d5fef552ab7fdc7dcd6f79608754fe9f67644056f65"
+
+
+@pytest.fixture(scope="module")
+def fx():
+    return load_fixture()
+
+
+@pytest.fixture(scope="module")
+def ref_run(fx):
+    man, rec, w = fx
+    return run_side(AttnStackV41(man["model_args"], w), man, rec)
+
+
+def test_fixture_provenance(fx):
+    man, rec, _ = fx
+    off = man["official"]
+    assert off["sha256"] == OFFICIAL_SHA256
+    assert off["revision"] == "dba1be0a40aa45a94ad051997016db3960a90277"
+    assert off["used"] == "official" or off["used_file_sha256"] != OFFICIAL_SHA256
+    # spec §8 coverage: prefills of 1, 3, 8, 13; decode past wraps of the 8-slot ring
+    assert [s["prefill"] for s in man["scenarios"]] == [1, 3, 8, 13]
+    assert max(c["start_pos"] for c in man["calls"]) >= 3 * man["model_args"]["window_size"]
+
+
+def test_every_class_is_exercised(fx):
+    man, rec, _ = fx
+    seen = {p for calls in rec.values() for layer in calls.values() for p in layer}
+    assert {"latent", "index_q", "compressed_rows"} <= seen
+    # index selections that grew past index_topk, and partly filled rings with -1 first
+    topk = man["model_args"]["index_topk"]
+    widths = {int(rec[c["key"]][3]["topk_idxs"].shape[1]) for c in man["calls"]}
+    assert max(widths) == man["model_args"]["window_size"] + topk
+    c3 = next(c for c in man["calls"] if c["scenario"] == "p1" and c["start_pos"] == 3)
+    assert rec[c3["key"]][0]["window_idxs"].tolist() == [[-1, -1, -1, -1, 0, 1, 2, 3]]
+
+
+def test_reference_matches_official_layer_by_layer(fx, ref_run):
+    man, rec, _ = fx
+    rows = compare(ref_run, rec, "v41_official", [c["key"] for c in man["calls"]])
+    bad = [r for r in rows if not r[3]]
+    assert not bad, f"{len(bad)} failing points, first {bad[0]}"
+    points = {r[2] for r in rows}
+    assert set(INDEX_POINTS) <= points and {"out", "o", "latent", "index_q"} <= points
+    # every (call, layer) of the fixture was compared
+    assert len({(r[0], r[1]) for r in rows}) == len(man["calls"]) * len(
+        man["model_args"]["compress_ratios"])
+
+
+def test_rule_is_the_issue_bound():
+    rule = rule_for("v41_official/L3.out", V41_RULES)
+    b = torch.tensor([1.0, -2.0])
+    allow = 2 * 2 ** -8 * 2.0 + 1e-6
+    assert rule.check(b + torch.tensor([allow * 0.99, 0.0]), b)
+    assert not rule.check(b + torch.tensor([allow * 1.01, 0.0]), b)
+
+
+def test_comparison_can_fail(fx, ref_run):
+    """A 5% change of one output element fails its rule; an index off by one fails exactly."""
+    man, rec, _ = fx
+    key = man["calls"][-1]["key"]
+    bent = {key: {layer: dict(p) for layer, p in ref_run[key].items()}}
+    out = bent[key][7]["out"].clone()
+    i = out.abs().argmax()
+    out.view(-1)[i] = out.view(-1)[i] * 1.05
+    bent[key][7]["out"] = out
+    sel = bent[key][3]["topk_idxs"].clone()
+    sel[0, -1] = sel[0, -1] - 1
+    bent[key][3]["topk_idxs"] = sel
+    bad = {(r[1], r[2]) for r in compare(bent, {key: rec[key]}, "v41_official", [key])
+           if not r[3]}
+    assert bad == {(7, "out"), (3, "topk_idxs")}

@@ -1,0 +1,144 @@
+"""port/attn_v41.py against reference/attn_v41.py on the official fixture's inputs (torch twin:
+every call; Triton under the interpreter: the first calls of one scenario), decode="graph"
+bytes against eager on every capturable layer-step, the capturable body's op sequence, and the
+errors of spec §2.2 / §2.3."""
+import re
+
+import pytest
+import torch
+
+from kernels.sparse_attn_v41 import triton
+from ladder.v41 import compare, graph_vs_eager, load_fixture, run_side
+from port.attn_v41 import AttnStackV41, AttnV41Error
+from port.attn_v41_graph import record_body_ops
+from reference.attn_v41 import AttnStackV41 as RefStack
+
+needs_triton = pytest.mark.skipif(triton is None, reason="no Triton wheel on this platform")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"     # Triton: a GPU, else the interpreter
+
+
+@pytest.fixture(scope="module")
+def fx():
+    return load_fixture()
+
+
+@pytest.fixture(scope="module")
+def ref_run(fx):
+    man, rec, w = fx
+    return run_side(RefStack(man["model_args"], w), man, rec)
+
+
+def _check(port_run, ref_run, calls):
+    rows = compare(port_run, ref_run, "v41_port", [c["key"] for c in calls])
+    bad = [r for r in rows if not r[3]]
+    assert rows and not bad, f"{len(bad)} failing points, first {bad[:1]}"
+    return rows
+
+
+def test_port_torch_matches_reference(fx, ref_run):
+    man, rec, w = fx
+    rows = _check(run_side(AttnStackV41(man["model_args"], w), man, rec), ref_run, man["calls"])
+    assert {"topk_idxs", "window_idxs", "latent", "index_q", "compressed_rows"} <= \
+        {r[2] for r in rows}
+
+
+@needs_triton
+def test_port_triton_matches_reference(fx, ref_run):
+    man, rec, w = fx
+    calls = [c for c in man["calls"] if c["scenario"] == "p3"][:3]     # prefill 3, decode 3, 4
+    port = AttnStackV41(man["model_args"], w, backend="triton", device=DEV)
+    _check(run_side(port, man, rec, calls), ref_run, calls)
+
+
+def test_graph_decode_equals_eager_bytes(fx):
+    man, rec, w = fx
+    eager = AttnStackV41(man["model_args"], w)
+    graph = AttnStackV41(man["model_args"], w, decode="graph")
+    n, bad = graph_vs_eager(eager, graph, man, rec)
+    assert n >= 200 and not bad, f"{len(bad)} of {n} capturable layer-steps differ: {bad[:3]}"
+
+
+def _prefilled(fx, scenario="p13"):
+    """A port stack after the scenario's prefill, and its decode calls."""
+    man, rec, w = fx
+    calls = [c for c in man["calls"] if c["scenario"] == scenario]
+    st = AttnStackV41(man["model_args"], w)
+    run_side(st, man, rec, calls[:1])
+    return st, calls[1:], rec
+
+
+def test_body_is_capturable_and_position_independent(fx):
+    """No host sync in the body, and the same op sequence at every position (so one capture
+    serves all), for a window layer and a ratio-2 and a ratio-1 reuse layer; the body's output
+    equals the eager step's bytes."""
+    st, calls, rec = _prefilled(fx)
+    eager, _, _ = _prefilled(fx)
+    seen = {}
+    for c in calls[:4]:
+        for layer in range(8):
+            x = rec[c["key"]][layer]["x"]
+            want = eager.forward(layer, x, c["start_pos"])
+            if not st.decode_capturable(layer):
+                st.forward(layer, x, c["start_pos"])
+                continue
+            ops, res = record_body_ops(st, layer, x, c["start_pos"])
+            assert torch.equal(res["out"], want), (c["key"], layer)
+            assert seen.setdefault(layer, ops) == ops, f"layer {layer}: op sequence changed"
+    assert set(seen) == {0, 1, 3, 5, 7}
+
+
+def test_classes_and_widths(fx):
+    man, _, w = fx
+    st = AttnStackV41(man["model_args"], w)
+    assert [st.decode_capturable(i) for i in range(8)] == [True, True, False, True, False,
+                                                         True, False, True]
+    assert [st.decode_fixed_topk(i) for i in range(8)] == [8, 8, 14, 14, 14, 14, 14, 14]
+
+
+def test_prep_pads_with_minus_one_and_uploads_only_changes(fx):
+    st, calls, rec = _prefilled(fx, "p3")
+    c = calls[0]                                           # decode at position 3
+    for layer in range(3):                                 # layers 0..2 publish for layer 3
+        st.forward(layer, rec[c["key"]][layer]["x"], c["start_pos"])
+    rows_b = st.decode_prep(3, 3)
+    assert rows_b is st.shared["compress_kv"]
+    assert st.idx_dev.tolist() == [[-1, -1, -1, -1, 0, 1, 2, 3, 8, 9] + [-1] * 4]
+    assert st.decode_prep(0, 3) is None
+    assert st.idx_dev_win.tolist() == [[-1, -1, -1, -1, 0, 1, 2, 3]]
+    st.idx_dev.fill_(7)                                    # prep must not rewrite unchanged data
+    st.decode_prep(3, 3)
+    assert st.idx_dev.eq(7).all()
+    st.invalidate_decode_uploads()
+    st.decode_prep(3, 3)
+    assert st.idx_dev[0, 8] == 8
+
+
+def test_errors_name_value_and_limit(fx):
+    man, rec, w = fx
+    st = AttnStackV41(man["model_args"], w)
+    x = rec[man["calls"][0]["key"]][0]["x"]
+    cases = [
+        (lambda: st.forward(8, x, 0), "layer=8 outside 0..7"),
+        (lambda: st.forward(0, x.float(), 0), "bf16"),
+        (lambda: st.forward(0, x.repeat(65, 1), 0), "m=65 tokens outside 1..max_tokens=64"),
+        (lambda: st.forward(0, x, 64), "positions 64..64 outside 0..max_seq_len-1=63"),
+        (lambda: st.forward(0, x.repeat(2, 1), 5), "start_pos=5 > 0 takes one token"),
+        (lambda: st.forward(3, x, 0), "before any kv source published"),
+        (lambda: st.decode_prep(2, 3), "layer 2 is a kv or index source"),
+        (lambda: st.decode_prep(0, 0), "decode start_pos=0 outside 1..max_seq_len-1=63"),
+        (lambda: st.decode_prep_role(True, 3), "before any source published"),
+        (lambda: st.decode_body(2, x, None), "no capturable body"),
+        (lambda: st.decode_body(3, x, None), "needs rows_b present"),
+        (lambda: AttnStackV41(man["model_args"], w, backend="cuda"), "backend='cuda'"),
+        (lambda: AttnStackV41(dict(man["model_args"], head_dim=48), w), "head_dim=48"),
+        (lambda: AttnStackV41(man["model_args"], {}), "weights lack"),
+    ]
+    for call, msg in cases:
+        with pytest.raises(AttnV41Error, match=re.escape(msg)):
+            call()
+    with pytest.raises(AttnV41Error, match=r"exceeds the fixed decode width 8"):
+        st.shared["topk_idxs"] = torch.zeros(1, 7, dtype=torch.int64)
+        st.shared["compress_kv"] = torch.zeros(4, 32, dtype=torch.bfloat16)
+        st.idx_dev_win = torch.full((1, 8), -1)
+        st._fixed = lambda ratio_positive: 8                  # a too-narrow fixed width
+        st.decode_prep(3, 5)
