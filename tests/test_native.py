@@ -74,6 +74,44 @@ def test_a_missing_compiler_is_a_clear_error(tmp_path):
     assert "refused:" in out.stdout and "no-such-cc" in out.stdout, out.stdout + out.stderr
 
 
+_DIGEST = """
+import hashlib, torch
+from kernels import native
+from port.model import V2Model
+from reference.config import V2Config
+from reference.params import init_params
+cfg = V2Config.preset("tiny")
+h = hashlib.sha256()
+for weights in ("dense", "cq"):
+    m = V2Model.from_params(init_params(cfg, 7, perturbed=True), cfg, weights=weights,
+                            backend="native")
+    s = m.make_state()
+    for t in [5, 9, 200, 3, 3, 17, 90, 1, 2, 4, 77, 12]:
+        h.update(m.step(t, s).numpy().tobytes())
+    h.update(s.k.numpy().tobytes())
+g = torch.Generator().manual_seed(0)
+x, w = torch.randn(9, 77, generator=g), torch.randn(10, 77, generator=g)
+h.update(native.gemm(x, w).numpy().tobytes())
+h.update(native.sinkhorn(torch.randn(4, 4, generator=g) * 5).numpy().tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_bits_do_not_depend_on_the_vector_width(tmp_path):
+    # The same source built for plain x86-64 (no AVX: the scalar lanes and fmaf) gives the
+    # same bits as the AVX2 build this machine uses.
+    if os.uname().machine != "x86_64":
+        pytest.skip("the portable build is x86-64")
+    run = lambda env: subprocess.run([sys.executable, "-c", _DIGEST], cwd=ROOT, text=True,
+                                     capture_output=True, timeout=600,
+                                     env=dict(os.environ, NEEDLE_NATIVE_CACHE=str(tmp_path),
+                                              **env))
+    wide, plain = run({}), run({"NEEDLE_NATIVE_MARCH": "x86-64"})
+    assert wide.returncode == 0 and plain.returncode == 0, wide.stderr + plain.stderr
+    assert len(os.listdir(tmp_path)) == 2                  # really two builds
+    assert wide.stdout == plain.stdout
+
+
 @pytest.fixture(scope="module")
 def pair(tiny_cfg, tiny_params):
     return (V2Model.from_params(tiny_params, tiny_cfg),

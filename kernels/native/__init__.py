@@ -22,7 +22,10 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, f) for f in ("needle_step.c", "cq_packed.c")]
 HEADER = os.path.join(HERE, "native.h")
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC",
+# $NEEDLE_NATIVE_MARCH overrides -march (e.g. x86-64: no AVX, the scalar paths), which is
+# how tests/test_native.py checks that the vector width changes no bit.
+MARCH = os.environ.get("NEEDLE_NATIVE_MARCH", "native")
+FLAGS = ["-O3", f"-march={MARCH}", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC",
          "-shared"]
 CAPTURES = ("nx", "hpre", "u", "alpha", "bx", "h_in", "q", "k", "v", "attn", "gate",
             "attn_out", "attn_post", "mlp_in", "mlp_out", "block_out", "y", "hpost",
