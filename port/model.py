@@ -196,6 +196,9 @@ class V2Model:
                                 f"float32 [{cfg.vocab_size}]")
             if logits.device != self.device:
                 raise StepError(f"logits buffer on {logits.device}; model on {self.device}")
+            if self.backend == "native" and not logits.is_contiguous():
+                raise StepError(f"logits buffer with strides {logits.stride()}: the native "
+                                f"step writes a contiguous [{cfg.vocab_size}] buffer")
         return token
 
     def _engram(self, state, pos0, m, trace):

@@ -112,6 +112,21 @@ def test_bits_do_not_depend_on_the_vector_width(tmp_path):
     assert wide.stdout == plain.stdout
 
 
+def test_threads_change_no_bit():
+    from port.cq import CqWeight
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(7, 300, generator=g), torch.randn(1000, 300, generator=g)
+    cw = CqWeight.from_dense(torch.randn(600, 300, generator=g), 2, "dense")
+    pk = _packed(cw)
+    one = native.gemm(x, w), native.cq_product([pk], x)
+    try:
+        native.set_threads(2)
+        two = native.gemm(x, w), native.cq_product([pk], x)
+    finally:
+        native.set_threads(1)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
 @pytest.fixture(scope="module")
 def pair(tiny_cfg, tiny_params):
     return (V2Model.from_params(tiny_params, tiny_cfg),
@@ -127,6 +142,19 @@ def test_native_matches_the_torch_port_past_three_windows(tiny_cfg, pair):
         assert rule_for("port/logits", PORT_RULES).check(lb, la), max_rel(lb, la)
         assert torch.equal(la.argmax(), lb.argmax())
     assert not torch.equal(sa.lanes, sb.lanes)           # really two computations
+
+
+def test_a_strided_logits_buffer_is_refused_before_any_change(tiny_cfg, pair):
+    from port.model import StepError
+    _, b = pair
+    state = b.make_state()
+    b.step(3, state)
+    before = [t.clone() for t in (state.k, state.v, state.vraw, state.lanes, state.hidden)]
+    with pytest.raises(StepError, match="strides"):
+        b.step(4, state, logits=torch.empty(2 * tiny_cfg.vocab_size)[::2])
+    assert state.history() == [3]
+    assert all(torch.equal(x, y) for x, y in zip(before, (state.k, state.v, state.vraw,
+                                                          state.lanes, state.hidden)))
 
 
 def test_native_step_allocates_no_tensor(pair):
