@@ -31,7 +31,7 @@ from kernels.ring import ring_put_torch, ring_put_triton, window_topk_idxs
 from kernels.sparse_attn_v41 import sparse_attn_v41
 from reference.config_v41 import MAX_SELECTION, V41Args, V41ConfigError, weight_names
 
-from .attn_v41_compress import compressed_part
+from .attn_v41_compress import NOTHING_PUBLISHED, check_sources, compressed_part
 from .attn_v41_ops import AttnV41Error, fp8_rt, rms, rope, rope_cis
 
 __all__ = ["AttnStackV41", "AttnV41Error"]
@@ -106,8 +106,7 @@ class AttnStackV41:
             t.zero_()
         for t in self.score_state.values():
             t.fill_(-torch.inf)
-        self.shared = {"compress_kv": None, "index_k": None, "topk_idxs": None,
-                       "candidates": None}
+        self.shared = dict(NOTHING_PUBLISHED)
         self.invalidate_decode_uploads()
 
     def _p(self, layer, name):
@@ -145,9 +144,6 @@ class AttnStackV41:
         if not 1 <= start_pos < a.max_seq_len:
             raise AttnV41Error(f"decode start_pos={start_pos} outside 1..max_seq_len-1="
                                f"{a.max_seq_len - 1} (position 0 is a prefill)")
-        if self._uploaded.get("pos") != start_pos:
-            self.pos.fill_(start_pos)
-            self._uploaded["pos"] = start_pos
         sel = window_topk_idxs(a.window_size, 1, start_pos)[0].tolist()
         rows_b = None
         if ratio_positive:
@@ -163,6 +159,10 @@ class AttnStackV41:
         if len(sel) > fixed:
             raise AttnV41Error(f"selection of {len(sel)} entries exceeds the fixed decode width "
                                f"{fixed}")
+        # every check passed: only now touch the static buffers and what they are known to hold
+        if self._uploaded.get("pos") != start_pos:
+            self.pos.fill_(start_pos)
+            self._uploaded["pos"] = start_pos
         padded = sel + [-1] * (fixed - len(sel))
         if self._uploaded.get(key) != padded:
             buf = self.idx_dev if ratio_positive else self.idx_dev_win
@@ -234,6 +234,7 @@ class AttnStackV41:
 
     def forward(self, layer: int, x, start_pos: int, trace=None):
         self._check(layer, x, start_pos)
+        check_sources(self, layer, x.shape[0], start_pos)       # refuse before any write
         x = x.to(self.dev)
         if layer == 0 and start_pos == 0:
             self.reset()
@@ -248,20 +249,13 @@ class AttnStackV41:
         role, a = self.args.role(layer), self.args
         widx = window_topk_idxs(a.window_size, 1, start_pos).to(self.dev)
         idx, rows_b = widx, None
-        if role.ratio:
-            rows_b = self._published(layer)
+        if role.ratio:                           # published, one row: vetted by check_sources
+            rows_b = self.shared["compress_kv"]
             idx = torch.cat([widx, self.shared["topk_idxs"].to(self.dev)], dim=1)
         res = self._step(layer, x, torch.tensor([start_pos], device=self.dev), idx, rows_b)
         clen = (start_pos + 1) // role.ratio if role.ratio else 0
         emit(tr, layer, res, widx, idx, rows_b[:clen] if role.ratio else None)
         return res["out"]
-
-    def _published(self, layer):
-        rows_b, sel = self.shared["compress_kv"], self.shared["topk_idxs"]
-        if rows_b is None or sel is None:
-            raise AttnV41Error(f"layer {layer} (ratio {self.args.compress_ratios[layer]}) runs "
-                               f"before any kv source published a compressed cache")
-        return rows_b
 
     def _general(self, layer, x, start_pos, tr):
         a, role, m = self.args, self.args.role(layer), x.shape[0]
@@ -277,10 +271,6 @@ class AttnStackV41:
             rows_b, sel, clen = compressed_part(self, layer, role, x, qr, start_pos,
                                                 rows_a.shape[0], tr)
             idx, shown = torch.cat([widx, sel.to(self.dev)], dim=1), rows_b[:clen]
-            limit = min(win + a.index_topk, MAX_SELECTION)
-            if idx.shape[1] > limit:
-                raise AttnV41Error(f"layer {layer}: selection of {idx.shape[1]} entries exceeds "
-                                   f"min(window + index_topk, {MAX_SELECTION}) = {limit}")
         res = self._attend(layer, q, rows_a, rows_b, idx, cis)
         res.update(qr=qr, q=q, kv=kv)
         emit(tr, layer, res, widx, idx, shown)

@@ -11,12 +11,55 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from reference.config_v41 import MAX_SELECTION
+
 from .attn_v41_ops import (AttnV41Error, block_filter, fp4_e4m3_rt, fp4_e8m0_rt, rms, rope,
                            topk_positions, visible)
 
 
+NOTHING_PUBLISHED = {"compress_kv": None, "index_k": None, "topk_idxs": None, "candidates": None}
+
+
+def yields_latents(r, m, start_pos):
+    """Whether m tokens at start_pos complete at least one group of r (the Compressor yields)."""
+    return m >= r if start_pos == 0 else (start_pos + 1) % r == 0
+
+
+def check_sources(st, layer, m, start_pos):
+    """Refuse a call whose layer would read something no source has published, before the call
+    writes anything (spec §2.2). Judged against the state the call would see: a fresh one when
+    layer 0 at position 0 starts the sequence."""
+    a, role = st.args, st.args.role(layer)
+    if not role.ratio:
+        return
+    sh = NOTHING_PUBLISHED if layer == 0 and start_pos == 0 else st.shared
+    r, clen = role.ratio, (start_pos + m) // role.ratio
+    if not role.is_kv_source and sh["compress_kv"] is None:
+        raise AttnV41Error(f"layer {layer} (ratio {r}) runs before any kv source published a "
+                           f"compressed cache")
+    if role.is_index_source:
+        if clen and sh["index_k"] is None and not (role.is_kv_source and
+                                                   yields_latents(r, m, start_pos)):
+            raise AttnV41Error(f"index source {layer} runs before any index keys were published")
+        keep = sh["candidates"]
+        if clen and role.uses_candidates and (keep is None or tuple(keep.shape) != (m, clen)):
+            raise AttnV41Error(f"index source {layer} needs the candidate filter for {(m, clen)} "
+                               f"scores (published: {None if keep is None else tuple(keep.shape)})")
+        return
+    sel = sh["topk_idxs"]
+    if sel is None or sel.shape[0] != m:
+        raise AttnV41Error(f"layer {layer} reuses a selection no index source published for "
+                           f"these {m} queries (published: "
+                           f"{None if sel is None else list(sel.shape)}, needs [{m}, k])")
+    width = (min(m, a.window_size) if start_pos == 0 else a.window_size) + sel.shape[1]
+    if width > st._fixed(True):
+        raise AttnV41Error(f"layer {layer}: selection of {width} entries exceeds "
+                           f"min(window + index_topk, {MAX_SELECTION}) = {st._fixed(True)}")
+
+
 def compressed_part(st, layer, role, x, qr, start_pos, offset, tr):
-    """-> (the published compressed cache, this layer's selection [m, k], compress_len)."""
+    """-> (the published compressed cache, this layer's selection [m, k], compress_len).
+    check_sources has vetted what this reads."""
     sh, m, r = st.shared, x.shape[0], role.ratio
     clen = (start_pos + m) // r
     latent = None
@@ -25,18 +68,12 @@ def compressed_part(st, layer, role, x, qr, start_pos, offset, tr):
         sh["compress_kv"] = st.cache[layer]
         if latent is not None:
             tr("latent", layer, latent)
-    if sh["compress_kv"] is None:
-        raise AttnV41Error(f"layer {layer} (ratio {r}) runs before any kv source published a "
-                           f"compressed cache")
     if role.is_index_source:
         sel = torch.empty(m, 0, dtype=torch.int64, device=st.dev) if clen == 0 else \
             index(st, layer, role, x, qr, latent, start_pos, offset, tr)
         sh["topk_idxs"] = sel
     else:
         sel = sh["topk_idxs"]
-        if sel is None or sel.shape[0] != m:
-            raise AttnV41Error(f"layer {layer} reuses a selection no index source published "
-                               f"for these {m} queries")
     if latent is not None:
         row0 = start_pos // r
         st.cache[layer][row0:row0 + latent.shape[0]] = \
@@ -51,6 +88,12 @@ def _group_pos(groups, r, start_pos, dev):
     return torch.tensor([start_pos + 1 - r], device=dev)
 
 
+def _softmax_pool(kv, gate):
+    """Groups [g, r, d] f32 -> [g, d]: each channel's r values weighted by the softmax of their
+    gates along the group (spec §3.6 fixes the order: weights times values, then the sum)."""
+    return (kv * torch.softmax(gate, dim=1)).sum(dim=1)
+
+
 def compress(st, layer, r, x, start_pos):
     """Pre-RoPE latents completed by this call ([groups, hd] bf16) or None."""
     a = st.args
@@ -60,22 +103,21 @@ def compress(st, layer, r, x, start_pos):
     xf = x.float()
     kv = F.linear(xf, st._p(layer, "compressor.wkv.weight"))
     gate = F.linear(xf, st._p(layer, "compressor.wgate.weight"))
-    ks, gs, m = st.kv_state[layer], st.score_state[layer], x.shape[0]
-    if start_pos == 0:
-        n = m - m % r                                   # rows in whole groups
-        ks[:m - n] = kv[n:]
-        gs[:m - n] = gate[n:]
-        if n == 0:
-            return None
-        groups = (-1, r, a.head_dim)
-        pooled = (kv[:n].view(groups) * gate[:n].view(groups).softmax(1)).sum(1)
-    else:
-        ks[start_pos % r] = kv[0]
-        gs[start_pos % r] = gate[0]
-        if (start_pos + 1) % r:
-            return None
-        pooled = (ks * gs.softmax(0)).sum(0, keepdim=True)
-    return rms(pooled.to(torch.bfloat16), norm, a.norm_eps)
+    held_kv, held_gate, m = st.kv_state[layer], st.score_state[layer], x.shape[0]
+    if start_pos:                                       # decode: slot start_pos mod r
+        held_kv[start_pos % r].copy_(kv[0])
+        held_gate[start_pos % r].copy_(gate[0])
+        groups = (held_kv.unsqueeze(0), held_gate.unsqueeze(0)) \
+            if yields_latents(r, 1, start_pos) else None
+    else:                                               # prefill: the leftover rows are held
+        done = m // r
+        held_kv[:m - done * r].copy_(kv[done * r:])
+        held_gate[:m - done * r].copy_(gate[done * r:])
+        groups = (kv[:done * r].view(done, r, -1), gate[:done * r].view(done, r, -1)) \
+            if done else None
+    if groups is None:
+        return None
+    return rms(_softmax_pool(*groups).to(torch.bfloat16), norm, a.norm_eps)
 
 
 def index(st, layer, role, x, qr, latent, start_pos, offset, tr):
@@ -87,16 +129,16 @@ def index(st, layer, role, x, qr, latent, start_pos, offset, tr):
         k = fp4_e8m0_rt(rope(k, st.yarn[_group_pos(k.shape[0], r, start_pos, st.dev)]))
         st.kcache[layer][start_pos // r:start_pos // r + k.shape[0]] = k
         sh["index_k"] = st.kcache[layer]
-    if sh["index_k"] is None:
-        raise AttnV41Error(f"index source {layer} runs before any index keys were published")
     qi = F.linear(qr, st._p(layer, "indexer.wq_b.weight")).view(m, a.index_n_heads,
                                                                  a.index_head_dim)
     qi = fp4_e8m0_rt(rope(qi, st.yarn[start_pos:start_pos + m]))
     tr("index_q", layer, qi)
     head_w = F.linear(x, st._p(layer, "indexer.weights_proj.weight")) * \
         (a.index_head_dim ** -0.5 * a.index_n_heads ** -0.5)
-    dots = torch.einsum("bshd,btd->bsht", qi.unsqueeze(0), sh["index_k"][:width].unsqueeze(0))
-    score = (dots.relu() * head_w.unsqueeze(0).unsqueeze(-1)).sum(dim=2).squeeze(0)
+    keys = sh["index_k"][:width]                                  # [W, d]
+    dots = torch.matmul(qi.reshape(-1, a.index_head_dim), keys.t()).view(m, -1, width)
+    # spec §3.7's order: per head weight the rectified dot (rounded to bf16), then sum heads
+    score = torch.sum(torch.relu(dots) * head_w[:, :, None], dim=1)
     # the host decision: scores come down and the top-k runs on the CPU, whose tie rule
     # (frequent exact ties: bf16 scores, -inf) is the official one
     score, lens = score.cpu(), visible(m, start_pos, r)
@@ -105,10 +147,6 @@ def index(st, layer, role, x, qr, latent, start_pos, offset, tr):
     if role.is_candidate_source:
         sh["candidates"] = block_filter(score, lens, a.candidate_topk_blocks,
                                         a.candidate_block_size)
-    elif role.uses_candidates:
-        keep = sh["candidates"]
-        if keep is None or keep.shape != score.shape:
-            raise AttnV41Error(f"index source {layer} needs the candidate filter for "
-                               f"{tuple(score.shape)} scores")
-        score = score.masked_fill(~keep, -torch.inf)
+    elif role.uses_candidates:                      # shape vetted by check_sources
+        score = score.masked_fill(~sh["candidates"], -torch.inf)
     return topk_positions(score, lens, min(a.index_topk, width), offset).to(st.dev)

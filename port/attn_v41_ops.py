@@ -3,8 +3,10 @@ the compressed-index builders. Written for the device: no host reads, fixed shap
 decode body uses them. (The port never imports the reference's math, DESIGN.md "Layout".)
 
 Quantisers compute the power-of-two scale from the float32 bit fields (exponent, +1 when the
-mantissa is non-zero) and round e2m1 by counting the midpoints a magnitude exceeds, ties going
-up only at the midpoints whose upper neighbour has an even code (0.75, 1.75, 3.5).
+mantissa is non-zero) and round e2m1 with float32's own round-to-nearest-even: adding 2^22,
+2^23 or 2^24 leaves a float32 whose last place is 0.5, 1 or 2 (the e2m1 step below 2, in
+[2, 4) and in [4, 6]), so the addition rounds the magnitude onto the grid, ties to the even
+multiple of the step, which is the even e2m1 code; subtracting the constant back is exact.
 """
 from __future__ import annotations
 
@@ -13,15 +15,12 @@ import math
 import torch
 
 
-
 class AttnV41Error(ValueError):
     """A call the V4.1 runtime refuses (names the value and the limit)."""
 
 
 R448 = 1.0 / 448.0
 R6 = 1.0 / 6.0
-_MIDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-_TIE_UP = (False, True, False, True, False, True, False)
 
 
 def _pow2_ceil(y: torch.Tensor) -> torch.Tensor:
@@ -32,13 +31,10 @@ def _pow2_ceil(y: torch.Tensor) -> torch.Tensor:
 
 
 def _e2m1(v: torch.Tensor) -> torch.Tensor:
+    """Nearest e2m1 value of float32 v in [-6, 6], ties to the even code (module docstring)."""
     a = v.abs()
-    code = torch.zeros_like(a, dtype=torch.int64)
-    for mid, up in zip(_MIDS, _TIE_UP):
-        code += (a > mid) | ((a == mid) & up) if up else (a > mid)
-    c = code.to(torch.float32)             # codes 0..4 step 0.5; 5, 6, 7 are 3, 4, 6
-    val = torch.where(code <= 4, c * 0.5, torch.where(code == 7, 6.0, c - 2.0))
-    return torch.where(torch.signbit(v), -val, val)
+    shift = torch.where(a < 2, 2.0 ** 22, torch.where(a < 4, 2.0 ** 23, 2.0 ** 24))
+    return ((a + shift) - shift).copysign(v)
 
 
 def fp8_rt(x, block=32):
@@ -61,18 +57,28 @@ def fp4_e4m3_rt(x, block=16):
     return (_e2m1((g / s).clamp(-6.0, 6.0)) * s).flatten(-2).to(x.dtype)
 
 
+def _stretch_weight(rd, base, orig, beta_fast, beta_slow):
+    """Per frequency k, how far YaRN moves f_k towards f_k / factor: 0 for the fast dims (which
+    complete more than beta_fast turns over the trained context `orig`), 1 for the slow ones
+    (fewer than beta_slow turns), linear in k across the band between them."""
+    def k_for(turns):            # f_k·orig = 2π·turns, f_k = base^(-2k/rd), solved for k
+        return rd * math.log(orig / (turns * 2 * math.pi)) / (2 * math.log(base))
+    lo = max(math.floor(k_for(beta_fast)), 0)
+    hi = min(math.ceil(k_for(beta_slow)), rd - 1)
+    k = torch.arange(rd // 2, dtype=torch.float32)
+    return ((k - lo) / max(hi - lo, 1e-3)).clamp(0, 1)
+
+
 def rope_cis(rd, n, base, yarn=False, factor=1.0, orig=0, beta_fast=32, beta_slow=1):
     """complex64 [n, rd/2]: e^{i·p·f_k}; YaRN-corrected frequencies when `yarn`."""
-    inv = 1.0 / (base ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
+    f = torch.reciprocal(base ** (torch.arange(rd // 2, dtype=torch.float32).mul(2).div(rd)))
     if yarn and orig > 0:
-        def corr(rot):
-            return rd * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
-        lo = max(math.floor(corr(beta_fast)), 0)
-        hi = min(math.ceil(corr(beta_slow)), rd - 1)
-        ramp = ((torch.arange(rd // 2, dtype=torch.float32) - lo) / max(hi - lo, 1e-3)).clamp(0, 1)
-        smooth = 1 - ramp
-        inv = inv / factor * (1 - smooth) + inv * smooth
-    ang = torch.outer(torch.arange(n), inv)
+        unmoved = 1 - _stretch_weight(rd, base, orig, beta_fast, beta_slow)
+        # spec §3.3's blend, in the float order that makes the table bit-equal to the official
+        # one: with w = 1 - stretch, f/factor·(1 - w) + f·w (1 - w is not stretch in float32)
+        f = f * unmoved + f / factor * (1 - unmoved)
+    pos = torch.arange(n, dtype=torch.float32)
+    ang = pos.unsqueeze(1) * f.unsqueeze(0)
     return torch.polar(torch.ones_like(ang), ang)
 
 
@@ -100,15 +106,17 @@ def block_filter(scores, lens, n_blocks, block):
     """The candidate source's keep mask over scores [m, W]: blocks ranked by their best score,
     the newest visible position's block pinned, -inf blocks dropped."""
     m, w = scores.shape
-    pad = (-w) % block
-    best = torch.nn.functional.pad(scores, (0, pad), value=-math.inf).view(m, -1, block).amax(-1)
-    nb = best.shape[1]
-    ids = torch.arange(nb, device=scores.device).unsqueeze(0)
-    best = best.masked_fill(ids == torch.div(lens - 1, block, rounding_mode="floor"), math.inf)
-    top = best.topk(min(n_blocks, nb), dim=-1)
-    keep = torch.zeros(m, nb, dtype=torch.bool, device=scores.device)
-    keep = keep.scatter(1, top.indices, top.values != -math.inf)
-    return keep.unsqueeze(-1).expand(m, nb, block).reshape(m, nb * block)[:, :w]
+    dev = scores.device
+    nb = -(-w // block)
+    owner = torch.arange(w, device=dev) // block
+    best = torch.full((m, nb), -math.inf, dtype=scores.dtype, device=dev).scatter_reduce(
+        1, owner.expand(m, w), scores, reduce="amax")             # exact: a max, no rounding
+    newest = torch.div(lens - 1, block, rounding_mode="floor")    # -1 when nothing is visible
+    best = torch.where(torch.arange(nb, device=dev) == newest, math.inf, best)
+    # torch's topk on the host (the official tie rule) decides which blocks survive
+    won = best.topk(min(n_blocks, nb), dim=-1).indices
+    chosen = torch.zeros(m, nb, dtype=torch.bool, device=dev).scatter(1, won, True)
+    return (chosen & (best != -math.inf)).gather(1, owner.expand(m, w))
 
 
 def topk_positions(scores, lens, k, offset):

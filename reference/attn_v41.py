@@ -30,6 +30,7 @@ from .attn_v41_rope import rope_table, rotate
 from .config_v41 import V41Args, weight_names
 
 TILE = 64
+NOTHING_PUBLISHED = {"compress_kv": None, "index_k": None, "topk_idxs": None, "candidates": None}
 
 
 class AttnV41Error(ValueError):
@@ -40,6 +41,17 @@ def rms_norm(x, w, eps):
     xf = x.float()
     y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
     return (w * y).to(x.dtype)
+
+
+def completes_group(ratio: int, m: int, start_pos: int) -> bool:
+    """Whether a call of m tokens at start_pos completes a compressor group (yields latents)."""
+    return m >= ratio if start_pos == 0 else (start_pos + 1) % ratio == 0
+
+
+def gated_pool(values, gates):
+    """[g, r, d] f32 each -> [g, d]: per channel, a softmax of the gates over the group's r tokens
+    weighs their values (spec §3.6: product, then the sum over the group)."""
+    return (values * gates.softmax(dim=1)).sum(dim=1)
 
 
 def sparse_attn_sink(q, rows, sink, idx, scale):
@@ -94,8 +106,7 @@ class AttnStackV41:
                 self.kv_state[i] = torch.zeros(r, a.head_dim, dtype=torch.float32)
                 self.score_state[i] = torch.full((r, a.head_dim), -torch.inf,
                                                  dtype=torch.float32)
-        self.shared = {"compress_kv": None, "index_k": None, "topk_idxs": None,
-                       "candidates": None}
+        self.shared = dict(NOTHING_PUBLISHED)
 
     def _p(self, layer, name):
         return self.w[f"layers.{layer}.attn.{name}"]
@@ -116,8 +127,40 @@ class AttnStackV41:
             raise AttnV41Error(f"start_pos={start_pos} > 0 takes one token (a decode step), "
                                f"got m={m}")
 
+    def _check_sources(self, layer, m, start_pos):
+        """Refuse, before anything is written, a call whose layer would read what no source has
+        published (spec §2.2): the state it is judged against is the one the call would see,
+        i.e. a fresh one when layer 0 at position 0 starts a sequence."""
+        role = self.args.role(layer)
+        if not role.ratio:
+            return
+        sh = NOTHING_PUBLISHED if layer == 0 and start_pos == 0 else self.shared
+        r, clen = role.ratio, (start_pos + m) // role.ratio
+        if not role.is_kv_source and sh["compress_kv"] is None:
+            raise AttnV41Error(f"layer {layer} (ratio {r}) runs before any kv source "
+                               f"published a compressed cache")
+        if not role.is_index_source:
+            sel = sh["topk_idxs"]
+            if sel is None or sel.shape[0] != m:
+                raise AttnV41Error(f"layer {layer} reuses a selection no index source published "
+                                   f"for these {m} queries (published: "
+                                   f"{None if sel is None else list(sel.shape)})")
+            return
+        if clen == 0:
+            return                                   # publishes the empty selection
+        if sh["index_k"] is None and not (role.is_kv_source and
+                                          completes_group(r, m, start_pos)):
+            raise AttnV41Error(f"index source {layer} runs before any index keys were published")
+        if role.uses_candidates:
+            cand = sh["candidates"]
+            if cand is None or tuple(cand.shape) != (m, clen):
+                raise AttnV41Error(f"index source {layer} needs the candidate source's filter "
+                                   f"for {(m, clen)} scores (published: "
+                                   f"{None if cand is None else tuple(cand.shape)})")
+
     def forward(self, layer: int, x, start_pos: int, trace=None):
         self._check(layer, x, start_pos)
+        self._check_sources(layer, x.shape[0], start_pos)
         if layer == 0 and start_pos == 0:
             self.reset()
         a, role = self.args, self.args.role(layer)
@@ -164,9 +207,6 @@ class AttnStackV41:
             sh["compress_kv"] = self.cache[layer]
             if latent is not None:
                 tr("latent", layer, latent)
-        if sh["compress_kv"] is None:
-            raise AttnV41Error(f"layer {layer} (ratio {ratio}) runs before any kv source "
-                               f"published a compressed cache")
         if role.is_index_source:
             if clen == 0:
                 sel = torch.empty(m, 0, dtype=torch.int32)
@@ -174,10 +214,7 @@ class AttnStackV41:
                 sel = self._index(layer, role, x, qr, latent, start_pos, offset, tr)
             sh["topk_idxs"] = sel
         else:
-            sel = sh["topk_idxs"]
-            if sel is None or sel.shape[0] != m:
-                raise AttnV41Error(f"layer {layer} reuses a selection no index source "
-                                   f"published for these {m} queries")
+            sel = sh["topk_idxs"]                    # its row count was checked up front
         if latent is not None:
             g = latent.shape[0]
             pos = torch.arange(g) * ratio if start_pos == 0 \
@@ -189,29 +226,30 @@ class AttnStackV41:
         return rows_b, sel
 
     def _compress(self, layer, ratio, x, start_pos):
-        """The pre-RoPE latents this call completes ([groups, hd] bf16), or None."""
+        """The pre-RoPE latents this call completes ([groups, hd] bf16), or None. Above ratio 1
+        the tokens of a group not yet complete wait in kv_state / score_state (f32)."""
         a = self.args
         norm = self._p(layer, "compressor.norm.weight")
-        if ratio == 1:
+        if ratio == 1:                       # every token is its own group: no gate, no f32
             return rms_norm(F.linear(x, self._p(layer, "compressor.wkv.weight")), norm, a.norm_eps)
         xf = x.float()
         kv = F.linear(xf, self._p(layer, "compressor.wkv.weight"))
-        score = F.linear(xf, self._p(layer, "compressor.wgate.weight"))
-        ks, ss = self.kv_state[layer], self.score_state[layer]
-        m = x.shape[0]
-        if start_pos == 0:
-            full = m - m % ratio
-            ks[:m - full], ss[:m - full] = kv[full:], score[full:]     # the partial group waits
-            if full == 0:
+        gate = F.linear(xf, self._p(layer, "compressor.wgate.weight"))
+        wait_kv, wait_gate = self.kv_state[layer], self.score_state[layer]
+        if start_pos == 0:                   # whole groups pool now, the tail waits
+            whole = x.shape[0] // ratio * ratio
+            wait_kv[:x.shape[0] - whole] = kv[whole:]
+            wait_gate[:x.shape[0] - whole] = gate[whole:]
+            if whole == 0:
                 return None
-            g_kv = kv[:full].unflatten(0, (-1, ratio))
-            g_score = score[:full].unflatten(0, (-1, ratio))
-            pooled = (g_kv * g_score.softmax(dim=1)).sum(dim=1)
-        else:
-            ks[start_pos % ratio], ss[start_pos % ratio] = kv[0], score[0]
-            if (start_pos + 1) % ratio:
+            shape = (whole // ratio, ratio, a.head_dim)
+            pooled = gated_pool(kv[:whole].view(shape), gate[:whole].view(shape))
+        else:                                # one token fills its slot; the last slot pools
+            slot = start_pos % ratio
+            wait_kv[slot], wait_gate[slot] = kv[0], gate[0]
+            if slot != ratio - 1:
                 return None
-            pooled = (ks * ss.softmax(dim=0)).sum(dim=0, keepdim=True)
+            pooled = gated_pool(wait_kv[None], wait_gate[None])
         return rms_norm(pooled.to(torch.bfloat16), norm, a.norm_eps)
 
     def _index(self, layer, role, x, qr, latent, start_pos, offset, tr):
@@ -228,8 +266,6 @@ class AttnStackV41:
             # published only when this call produced keys (as the official code does): on the
             # other decode steps the indexer reads whatever key cache was published last
             sh["index_k"] = self.kcache[layer]
-        if sh["index_k"] is None:
-            raise AttnV41Error(f"index source {layer} runs before any index keys were published")
         f = self.yarn[start_pos:start_pos + m]
         qi = F.linear(qr, self._p(layer, "indexer.wq_b.weight"))
         qi = fp4_roundtrip_e8m0(rotate(qi.view(m, a.index_n_heads, a.index_head_dim), f))
@@ -237,18 +273,16 @@ class AttnStackV41:
         keys = sh["index_k"][:width]
         hw = F.linear(x, self._p(layer, "indexer.weights_proj.weight")) * \
             (a.index_head_dim ** -0.5 * a.index_n_heads ** -0.5)
-        score = torch.einsum("bshd,btd->bsht", qi[None], keys[None])
-        score = (score.relu() * hw[None, ..., None]).sum(dim=2)[0]      # [m, W] bf16
+        dots = (qi.flatten(0, 1) @ keys.T).view(m, a.index_n_heads, width)     # [m, h, W]
+        # spec §3.7 fixes the order: each head's rectified dot is weighted and rounded to bf16,
+        # then the heads are summed (not one fused weighted contraction)
+        score = (dots.relu() * hw.unsqueeze(-1)).sum(dim=1)                    # [m, W] bf16
         lens = visible_lens(m, start_pos, ratio)
         if start_pos == 0:
             score = score.masked_fill(torch.arange(width)[None, :] >= lens, -torch.inf)
         if role.is_candidate_source:
             sh["candidates"] = candidate_keep(score, lens, a.candidate_topk_blocks,
                                               a.candidate_block_size)
-        elif role.uses_candidates:
-            cand = sh["candidates"]
-            if cand is None or tuple(cand.shape) != tuple(score.shape):
-                raise AttnV41Error(f"index source {layer} needs the candidate source's filter "
-                                   f"for {tuple(score.shape)} scores")
-            score = score.masked_fill(~cand, -torch.inf)
+        elif role.uses_candidates:                   # its shape was checked up front
+            score = score.masked_fill(~sh["candidates"], -torch.inf)
         return select(score, lens, min(a.index_topk, width), offset)

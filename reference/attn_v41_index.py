@@ -17,9 +17,14 @@ import torch
 
 def window_idxs(window: int, m: int, start_pos: int) -> torch.Tensor:
     if start_pos == 0:
-        t = torch.arange(m)[:, None]
-        j = (t - window + 1).clamp_min(0) + torch.arange(min(m, window))[None, :]
-        return torch.where(j > t, -1, j).to(torch.int32)
+        # a chunk's rows are its own positions: query t reads the min(m, window) positions
+        # starting at max(0, t - window + 1), those past t (not yet seen) as -1
+        width = min(m, window)
+        rows = []
+        for t in range(m):
+            first = max(0, t - window + 1)
+            rows.append([p if p <= t else -1 for p in range(first, first + width)])
+        return torch.tensor(rows, dtype=torch.int32)
     ring = [(start_pos + 1 + i) % window for i in range(window)]     # oldest slot first
     return torch.tensor([[s if s <= start_pos else -1 for s in ring]], dtype=torch.int32)
 
@@ -35,16 +40,21 @@ def candidate_keep(scores: torch.Tensor, lens: torch.Tensor, topk_blocks: int,
                    block: int) -> torch.Tensor:
     """scores [m, W] (-inf where not visible), lens [m, 1] -> keep mask [m, W]."""
     m, width = scores.shape
-    nb = -(-width // block)
-    padded = torch.full((m, nb * block), -torch.inf, dtype=scores.dtype)
-    padded[:, :width] = scores
-    best = padded.view(m, nb, block).amax(-1)
-    newest = (lens - 1) // block                    # -1 (nothing visible) pins no block
-    best = torch.where(torch.arange(nb)[None, :] == newest, torch.inf, best)
-    top = best.topk(min(topk_blocks, nb), dim=-1)
-    keep = torch.zeros(m, nb, dtype=torch.bool)
-    keep.scatter_(1, top.indices, top.values > -torch.inf)
-    return keep.repeat_interleave(block, dim=1)[:, :width]
+    owner = torch.arange(width) // block                  # the block each position belongs to
+    n_blocks = -(-width // block)
+    # a block's rank is its best position's score: fold in the j-th member of every block at
+    # once (positions j, j + block, ...; a short last block lacks its late members)
+    rank = torch.full((m, n_blocks), -torch.inf, dtype=scores.dtype)
+    for j in range(min(block, width)):
+        member = scores[:, j::block]
+        rank[:, :member.shape[1]] = torch.maximum(rank[:, :member.shape[1]], member)
+    newest = (lens - 1).div(block, rounding_mode="floor")     # nothing visible: -1, no block
+    rank = rank.masked_fill(torch.arange(n_blocks)[None, :] == newest, torch.inf)
+    # the blocks torch's CPU topk keeps (its tie rule is the official one, spec §3.7), less any
+    # whose best is -inf (fewer reachable blocks than topk_blocks)
+    picked = torch.zeros(m, n_blocks, dtype=torch.bool)
+    picked[torch.arange(m)[:, None], rank.topk(min(topk_blocks, n_blocks), dim=-1).indices] = True
+    return (picked & (rank > -torch.inf))[:, owner]
 
 
 def select(scores: torch.Tensor, lens: torch.Tensor, k: int, offset: int) -> torch.Tensor:

@@ -7,8 +7,8 @@ dimensions of `beta_fast` and `beta_slow` rotations; window-only layers use the 
 
 Rotation acts on the last `rd` values of each row, consecutive pairs read as complex numbers,
 in float32, each result rounded back to the row's dtype; the inverse rotation conjugates.
-The float32 products are formed in the same order as the official code so that tables and
-rotations agree bit for bit (index selections downstream are discrete).
+Tables and rotations must agree bit for bit with the official ones (index selections downstream
+are discrete), so the few float32 steps whose order matters say so where they happen.
 """
 from __future__ import annotations
 
@@ -17,21 +17,32 @@ import math
 import torch
 
 
+def _yarn_band(rd: int, base: float, original_seq_len: int, beta_fast: float,
+               beta_slow: float) -> tuple:
+    """The frequency indices [lo, hi] across which YaRN fades from the trained frequency to the
+    stretched one: index k turns p·f_k radians over p positions, so over the training context
+    it completes original_seq_len·f_k / 2π turns; lo is where that count falls to beta_fast,
+    hi where it falls to beta_slow (solved for k, floored / ceiled, clipped to the table)."""
+    def index_with_turns(turns: float) -> float:
+        return rd * math.log(original_seq_len / (turns * 2 * math.pi)) / (2 * math.log(base))
+    return (max(math.floor(index_with_turns(beta_fast)), 0),
+            min(math.ceil(index_with_turns(beta_slow)), rd - 1))
+
+
 def rope_table(rd: int, max_seq: int, base: float, yarn: bool = False, factor: float = 1.0,
                original_seq_len: int = 0, beta_fast: float = 32, beta_slow: float = 1):
-    freqs = 1.0 / (base ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
+    """complex64 [max_seq, rd/2]: row p holds e^{i·p·f_k}."""
+    k = torch.arange(rd // 2, dtype=torch.float32)
+    f = 1.0 / (base ** (2 * k / rd))              # 2k/rd is exact in f32, as the spec's 2k/rd
     if yarn and original_seq_len > 0:
-        def dim_for(rotations):          # the dimension that turns `rotations` times in context
-            turns = original_seq_len / (rotations * 2 * math.pi)
-            return rd * math.log(turns) / (2 * math.log(base))
-        low = max(math.floor(dim_for(beta_fast)), 0)
-        high = min(math.ceil(dim_for(beta_slow)), rd - 1)
-        ramp = ((torch.arange(rd // 2, dtype=torch.float32) - low)
-                / max(high - low, 1e-3)).clamp(0, 1)
-        keep = 1 - ramp
-        freqs = freqs / factor * (1 - keep) + freqs * keep
-    angles = torch.outer(torch.arange(max_seq), freqs)
-    return torch.polar(torch.ones_like(angles), angles)
+        lo, hi = _yarn_band(rd, base, original_seq_len, beta_fast, beta_slow)
+        stretched = ((k - lo) / max(hi - lo, 1e-3)).clamp(0, 1)   # 0 below the band, 1 above
+        trained = 1 - stretched
+        # spec §3.3 forces this float order for bit-equal tables: the weights are formed as
+        # w = 1 - ramp and 1 - w (not ramp itself), then f/factor·(1 - w) + f·w
+        f = f / factor * (1 - trained) + f * trained
+    angle = torch.arange(max_seq, dtype=torch.float32)[:, None] * f[None, :]
+    return torch.polar(torch.ones_like(angle), angle)
 
 
 def rotate(x: torch.Tensor, table_rows: torch.Tensor, inverse: bool = False) -> torch.Tensor:

@@ -28,44 +28,68 @@ class LayerRole:
     uses_candidates: bool
 
 
+_TUPLE_FIELDS = ("compress_ratios", "kv_source_layers", "index_source_layers")
+
+
 @dataclass(frozen=True)
 class V41Args:
-    dim: int = 64
-    n_heads: int = 4
-    head_dim: int = 32
-    rope_head_dim: int = 8
-    q_lora_rank: int = 16
-    o_groups: int = 2
-    o_lora_rank: int = 16
-    window_size: int = 8
-    compress_ratios: tuple = (0, 0, 2, 2, 1, 1, 1, 1)
-    kv_source_layers: tuple = (2, 4)
-    index_source_layers: tuple = (2, 4, 6)
-    candidate_source_layer: int = 4
-    candidate_topk_blocks: int = 3
-    candidate_block_size: int = 2
-    index_n_heads: int = 2
-    index_head_dim: int = 32
-    index_topk: int = 6
-    rope_theta: float = 10000.0
-    compress_rope_theta: float = 40000.0
-    rope_factor: float = 2.0
-    original_seq_len: int = 32
-    beta_fast: int = 32
-    beta_slow: int = 1
-    norm_eps: float = 1e-20
-    max_seq_len: int = 64
+    """Every field is required: a geometry read from a checkpoint's config must say each value
+    (a silently filled default would run some other model). The tiny fixture model's values live
+    in tests/fixtures/attn_v41_official.json ("model_args")."""
+    dim: int
+    n_heads: int
+    head_dim: int
+    rope_head_dim: int
+    q_lora_rank: int
+    o_groups: int
+    o_lora_rank: int
+    window_size: int
+    compress_ratios: tuple
+    kv_source_layers: tuple
+    index_source_layers: tuple
+    candidate_source_layer: int
+    candidate_topk_blocks: int
+    candidate_block_size: int
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+    rope_theta: float
+    compress_rope_theta: float
+    rope_factor: float
+    original_seq_len: int
+    beta_fast: int
+    beta_slow: int
+    norm_eps: float
+    max_seq_len: int
 
     @classmethod
     def from_any(cls, args) -> "V41Args":
-        """From a V41Args, an official ModelArgs (or any object with those attributes) or a dict."""
+        """From a V41Args, an official ModelArgs (or any object with those attributes) or a dict.
+        Fields this attention does not read (vocab_size, moe_*, hc_*, dtype, ...) are ignored;
+        a missing field the attention reads is refused, naming it."""
         if isinstance(args, cls):
             return args
-        get = args.get if isinstance(args, dict) else (lambda k, d: getattr(args, k, d))
+        absent = object()
+        if isinstance(args, dict):
+            def get(name):
+                return args.get(name, absent)
+        else:
+            def get(name):
+                return getattr(args, name, absent)
         vals = {}
         for f in fields(cls):
-            v = get(f.name, f.default)
-            vals[f.name] = tuple(int(x) for x in v) if isinstance(f.default, tuple) else v
+            v = get(f.name)
+            if v is absent:
+                raise V41ConfigError(f"args lack the field {f.name!r} (every one of "
+                                     f"{len(fields(cls))} ModelArgs fields the attention reads "
+                                     f"is required; none is defaulted)")
+            if f.name in _TUPLE_FIELDS:
+                try:
+                    v = tuple(int(x) for x in v)
+                except (TypeError, ValueError):
+                    raise V41ConfigError(f"{f.name}={v!r} must be a sequence of integers") \
+                        from None
+            vals[f.name] = v
         return cls(**vals)
 
     def __post_init__(self):
@@ -140,7 +164,7 @@ class V41Args:
                          uses_candidates=0 <= c < layer and layer in self.index_source_layers)
 
     def to_dict(self) -> dict:
-        return {f.name: (list(getattr(self, f.name)) if isinstance(f.default, tuple)
+        return {f.name: (list(getattr(self, f.name)) if f.name in _TUPLE_FIELDS
                          else getattr(self, f.name)) for f in fields(self)}
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from kernels.sparse_attn_v41 import triton
+from ladder.rules import V41_DEVICE_FLIPS
 from ladder.v41 import compare, graph_vs_eager, load_fixture, run_side
 from port.attn_v41 import AttnStackV41
 from reference.attn_v41 import AttnStackV41 as RefStack
@@ -33,7 +34,8 @@ def test_cuda_graph_replay_equals_eager_bytes(fx, backend):
 def test_cuda_port_matches_reference(fx, backend):
     """cuBLAS and the GPU's RoPE products sum in other orders than the CPU, so a bf16 value can
     move by an ulp and flip a selection at an exact near-tie (spec §7 accepts those on device).
-    Such layer-steps are counted (at most 2%); every other point must pass, indices exactly."""
+    Such layer-steps are counted (bounded by ladder/rules.py's V41_DEVICE_FLIPS); every other
+    point must pass, indices exactly."""
     man, rec, w = fx
     ref = run_side(RefStack(man["model_args"], w), man, rec)
     port = AttnStackV41(man["model_args"], w, backend=backend, decode="graph", device="cuda")
@@ -46,4 +48,4 @@ def test_cuda_port_matches_reference(fx, backend):
     print(f"cuda {backend}: {len(rows)} points, worst err/allowance {worst:.4f}, "
           f"{len(flipped)}/{steps} layer-steps with a flipped selection")
     assert not bad, f"{len(bad)} failing points, first {bad[:1]}"
-    assert len(flipped) <= 0.02 * steps, sorted(flipped)[:5]
+    assert V41_DEVICE_FLIPS.allows(len(flipped), steps), sorted(flipped)[:5]

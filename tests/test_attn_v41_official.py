@@ -80,3 +80,34 @@ def test_comparison_can_fail(fx, ref_run):
     bad = {(r[1], r[2]) for r in compare(bent, {key: rec[key]}, "v41_official", [key])
            if not r[3]}
     assert bad == {(7, "out"), (3, "topk_idxs")}
+
+
+def test_args_need_every_field_the_attention_reads(fx):
+    """Fields the attention reads are required (none is filled from a default); the official
+    ModelArgs' other fields (vocab_size, moe_*, hc_*, dtype, ...) are ignored."""
+    from types import SimpleNamespace
+
+    from reference.config_v41 import V41Args, V41ConfigError
+    man, _, w = fx
+    full = man["model_args"]
+    assert "vocab_size" in full and V41Args.from_any(full).max_seq_len == full["max_seq_len"]
+    assert V41Args.from_any(SimpleNamespace(**full)) == V41Args.from_any(full)
+    for name in ("max_seq_len", "window_size", "compress_ratios", "norm_eps"):
+        short = {k: v for k, v in full.items() if k != name}
+        for given in (short, SimpleNamespace(**short)):
+            with pytest.raises(V41ConfigError, match=f"args lack the field '{name}'"):
+                V41Args.from_any(given)
+        with pytest.raises(ValueError, match=f"'{name}'"):
+            AttnStackV41(short, w)
+    with pytest.raises(V41ConfigError, match=r"compress_ratios=7 must be a sequence"):
+        V41Args.from_any(dict(full, compress_ratios=7))
+
+
+def test_device_flip_bound_is_rule_data():
+    """tests/test_attn_v41_cuda.py's tolerated share of flipped selections lives in
+    ladder/rules.py with its reason; 2% of the fixture's 384 (call, layer) steps is 7."""
+    from ladder.rules import V41_DEVICE_FLIPS, CountBound, RulesError
+    assert "near-tie" in V41_DEVICE_FLIPS.why
+    assert V41_DEVICE_FLIPS.allows(7, 384) and not V41_DEVICE_FLIPS.allows(8, 384)
+    with pytest.raises(RulesError, match="fraction=1.5 must be <= 1"):
+        CountBound(1.5)

@@ -46,3 +46,28 @@ def test_standins_agree_with_the_reference():
     got = standins.sparse_attn(q, kv, sink, idx, 0.2)
     assert torch.equal(got, sparse_attn_sink(q[0], kv[0], sink, idx[0], 0.2)[None])
     assert torch.equal(got[0, 2], torch.zeros_like(got[0, 2]))
+
+
+def test_outputs_are_byte_reproducible(tmp_path):
+    """The manifest holds nothing time- or run-dependent, and the tool's writer, given the
+    committed fixture's own content, reproduces both committed files byte for byte (so a
+    regeneration with equal tensors is byte-identical; `--check` does the same comparison
+    against a fresh run of the official code)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from ladder.v41 import DEFAULT_STEM
+    with open(DEFAULT_STEM + ".json") as f:
+        manifest = json.load(f)
+    assert not {k for k in manifest if "second" in k or "time" in k or "date" in k}, manifest
+    stem = str(tmp_path / "rewritten")
+    tensors = load_file(DEFAULT_STEM + ".safetensors")
+    gen.write_outputs(stem, tensors, manifest)
+    assert gen.differing_outputs(stem, DEFAULT_STEM) == []
+    manifest["seed"] += 1                                  # the comparison can fail
+    gen.write_outputs(stem, tensors, manifest)
+    assert gen.differing_outputs(stem, DEFAULT_STEM) == [DEFAULT_STEM + ".json"]
+    assert gen.differing_outputs(str(tmp_path / "absent"), DEFAULT_STEM) == \
+        [DEFAULT_STEM + ".json", DEFAULT_STEM + ".safetensors"]
+    assert gen.main(["--ref", str(tmp_path / "missing"), "--check"]) == 2

@@ -1,6 +1,7 @@
 """Run DeepSeek's own V4.1 `inference/model.py` on a tiny seeded model and record its attention.
 
     python tools/gen_v41_attn_fixture.py --ref DIR [--out tests/fixtures/attn_v41_official]
+    python tools/gen_v41_attn_fixture.py --ref DIR --check     # regenerate, compare, write nothing
 
 DIR holds the official `inference/model.py` of deepseek-ai/DeepSeek-V4.1-Flash at revision
 dba1be0a40aa45a94ad051997016db3960a90277 (DIR/inference/model.py or DIR/model.py); any other
@@ -17,6 +18,13 @@ attention input is the real normed collapsed stream; hooks record per call and l
 `x` and the trace points (qr, q, kv, window_idxs, latent, index_q, compressed_rows, topk_idxs,
 o, o_rot, og, out). Only outputs are written: the attention weights, the recordings and a JSON
 manifest. The official code never enters the repository.
+
+Regeneration is byte-identical: one thread, deterministic algorithms, fixed seeds, sorted JSON
+keys and nothing time- or machine-dependent in the manifest (the run time is printed, not
+recorded). `--check` proves it: it regenerates into a temporary directory and compares both
+files byte for byte with the existing --out pair, exit 0 when identical, 1 naming the first
+differing file (tests/test_gen_v41_fixture.py tests the comparison; the suite cannot run the
+official code itself).
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ import importlib.util
 import json
 import os
 import sys
+import tempfile
 import time
 import types
 
@@ -234,6 +243,30 @@ def generate(text: str):
     return tensors, calls, scenarios
 
 
+SUFFIXES = (".json", ".safetensors")
+
+
+def write_outputs(stem: str, tensors, manifest) -> None:
+    save_file(tensors, stem + ".safetensors", metadata={"format": manifest["format"]})
+    with open(stem + ".json", "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def differing_outputs(new_stem: str, old_stem: str) -> list:
+    """The fixture files whose bytes differ between two stems (a missing file differs)."""
+    bad = []
+    for suffix in SUFFIXES:
+        paths = (new_stem + suffix, old_stem + suffix)
+        if not all(os.path.isfile(p) for p in paths):
+            bad.append(old_stem + suffix)
+            continue
+        with open(paths[0], "rb") as a, open(paths[1], "rb") as b:
+            if a.read() != b.read():
+                bad.append(old_stem + suffix)
+    return bad
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ref", required=True, help="directory holding the official model.py")
@@ -242,6 +275,9 @@ def main(argv=None) -> int:
     ap.add_argument("--accept-vendored-ttmetal", action="store_true",
                     help="accept tt-metal's vendored copy if un-vendoring it gives the official "
                          "bytes")
+    ap.add_argument("--check", action="store_true",
+                    help="regenerate into a temporary directory and compare byte for byte with "
+                         "the existing --out files; writes nothing")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     try:
@@ -260,12 +296,20 @@ def main(argv=None) -> int:
                 "seed": SEED, "scenarios": scenarios, "calls": calls,
                 "standins": "tools/v41_kernel_standins.py (act_quant, fp4_act_quant, "
                             "sparse_attn, hc_split_sinkhorn)",
-                "torch": torch.__version__, "threads": torch.get_num_threads(),
-                "generator_seconds": round(secs, 2)}
-    save_file(tensors, a.out + ".safetensors", metadata={"format": manifest["format"]})
-    with open(a.out + ".json", "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.write("\n")
+                "torch": torch.__version__, "threads": torch.get_num_threads()}
+    if a.check:
+        with tempfile.TemporaryDirectory() as tmp:
+            stem = os.path.join(tmp, "regenerated")
+            write_outputs(stem, tensors, manifest)
+            bad = differing_outputs(stem, a.out)
+        if bad:
+            print(f"check: regeneration differs from {', '.join(bad)} ({secs:.1f} s)",
+                  file=sys.stderr)
+            return 1
+        print(f"check: regeneration is byte-identical to {a.out}{{{','.join(SUFFIXES)}}} "
+              f"({len(calls)} calls, {len(tensors)} tensors, {secs:.1f} s)")
+        return 0
+    write_outputs(a.out, tensors, manifest)
     size = os.path.getsize(a.out + ".safetensors") + os.path.getsize(a.out + ".json")
     print(f"{len(calls)} calls, {len(tensors)} tensors, {size / 1e6:.2f} MB, {secs:.1f} s; "
           f"official model.py sha256 {OFFICIAL_SHA256} ({prov['used']})")

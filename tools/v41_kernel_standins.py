@@ -28,9 +28,11 @@ _GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
 def _pow2_ceil_bits(y: torch.Tensor) -> torch.Tensor:
+    """2^ceil(log2 y) for positive normal float32 y, on the bit pattern: adding 2^23 - 1 carries
+    into the exponent exactly when the mantissa is non-zero; clearing the mantissa leaves the
+    power of two."""
     bits = y.float().contiguous().view(torch.int32)
-    exp = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(torch.int32)
-    return ((exp + 127) << 23).view(torch.float32)
+    return ((bits + 0x7FFFFF) & ~0x7FFFFF).view(torch.float32)
 
 
 def _e2m1(v: torch.Tensor) -> torch.Tensor:
@@ -67,41 +69,64 @@ def fp4_act_quant(x, block_size=32, inplace=False, scale_dtype=torch.float8_e8m0
     return x
 
 
+class _Streaming:
+    """The kernel's softmax state for one (query, head): the largest score seen so far (floored
+    at -1e30, so a query with nothing selected ends with exp(-inf) = 0 weights, not NaN), the
+    denominator and the unnormalised output, both rescaled whenever the largest score grows."""
+
+    def __init__(self, lead, d):
+        self.peak = torch.full(lead, -1e30)
+        self.den = torch.zeros(lead)
+        self.num = torch.zeros(*lead, d)
+
+    def absorb(self, scores, values):
+        """scores [..., h, k] (-inf where absent), values [..., k, d] (zero where absent)."""
+        peak = torch.maximum(self.peak, scores.amax(-1))
+        rescale = torch.exp(self.peak - peak)
+        w = torch.exp(scores - peak.unsqueeze(-1))
+        # spec §6.2: the denominator takes the f32 weights, the weighted row sum the bf16 ones
+        self.den = self.den * rescale + w.sum(-1)
+        self.num = self.num * rescale.unsqueeze(-1) + \
+            torch.einsum("bmhk,bmkd->bmhd", w.bfloat16().float(), values)
+        self.peak = peak
+
+    def result(self, sink):
+        # the sink joins the denominator only, after the last tile (spec §3.8)
+        return (self.num / (self.den + torch.exp(sink - self.peak)).unsqueeze(-1)).bfloat16()
+
+
 def sparse_attn(q, kv, attn_sink, topk_idxs, softmax_scale):
-    b, m, h, d = q.shape
-    qf, kvf = q.float(), kv.float()
-    acc = torch.zeros(b, m, h, d)
-    den = torch.zeros(b, m, h)
-    run_max = torch.full((b, m, h), -1e30)
-    bi = torch.arange(b)[:, None, None]
-    for t0 in range(0, topk_idxs.shape[-1], 64):
-        j = topk_idxs[..., t0:t0 + 64].long()
-        ok = j != -1
-        rows = kvf[bi, j.clamp_min(0)] * ok[..., None]
-        s = torch.einsum("bmhd,bmkd->bmhk", qf, rows)
-        s = torch.where(ok[:, :, None, :], s, -torch.inf) * softmax_scale
-        new_max = torch.maximum(run_max, s.amax(-1))
-        alpha = torch.exp(run_max - new_max)
-        p = torch.exp(s - new_max[..., None])
-        den = den * alpha + p.sum(-1)
-        acc = acc * alpha[..., None] + torch.einsum("bmhk,bmkd->bmhd",
-                                                    p.to(torch.bfloat16).float(), rows)
-        run_max = new_max
-    den = den + torch.exp(attn_sink.float() - run_max)
-    return (acc / den[..., None]).to(torch.bfloat16)
+    """q [b, m, h, d] bf16, kv [b, n, d] bf16 (each row key and value), sink [h] f32, topk_idxs
+    [b, m, k] (-1: nothing) -> [b, m, h, d] bf16, taking the selection 64 entries at a time."""
+    qf, table = q.float(), kv.float()
+    state = _Streaming(q.shape[:3], q.shape[3])
+    batch = torch.arange(q.shape[0]).view(-1, 1, 1)
+    for tile in topk_idxs.long().split(64, dim=-1):
+        present = tile >= 0
+        values = table[batch, tile.clamp_min(0)] * present.unsqueeze(-1)
+        dots = torch.einsum("bmhd,bmkd->bmhk", qf, values)
+        state.absorb(dots.masked_fill(~present.unsqueeze(2), -torch.inf) * softmax_scale,
+                     values)
+    return state.result(attn_sink.float())
 
 
 def hc_split_sinkhorn(mixes, hc_scale, hc_base, hc_mult=4, sinkhorn_iters=20, eps=1e-6):
+    """(pre [.., n], post [.., n], comb [.., n, n]) from the 2n + n·n mixes, all f32: pre and
+    post are shifted sigmoids, comb a near doubly-stochastic matrix (Sinkhorn)."""
     n = hc_mult
-    mx, sc, bs = mixes.float(), hc_scale.float(), hc_base.float()
-    pre = torch.sigmoid(mx[..., :n] * sc[0] + bs[:n]) + eps
-    post = 2 * torch.sigmoid(mx[..., n:2 * n] * sc[1] + bs[n:2 * n])
-    comb = (mx[..., 2 * n:] * sc[2] + bs[2 * n:]).unflatten(-1, (n, n))
-    comb = torch.exp(comb - comb.amax(-1, keepdim=True))
+    parts = (mixes.float() * hc_scale.float().repeat_interleave(torch.tensor([n, n, n * n]))
+             ).split([n, n, n * n], dim=-1)
+    base = hc_base.float().split([n, n, n * n])
+    pre = torch.sigmoid(parts[0] + base[0]) + eps
+    post = torch.sigmoid(parts[1] + base[1]) * 2
+    logits = (parts[2] + base[2]).unflatten(-1, (n, n))
+    # round 0 starts from the row softmax (+eps) and normalises columns; every later round
+    # normalises rows, then columns, each with eps in the divisor (kernel order, spec §6.2)
+    comb = torch.exp(logits - logits.amax(-1, keepdim=True))
     comb = comb / comb.sum(-1, keepdim=True) + eps
-    comb = comb / (comb.sum(-2, keepdim=True) + eps)
-    for _ in range(sinkhorn_iters - 1):
-        comb = comb / (comb.sum(-1, keepdim=True) + eps)
+    for rnd in range(sinkhorn_iters):
+        if rnd:
+            comb = comb / (comb.sum(-1, keepdim=True) + eps)
         comb = comb / (comb.sum(-2, keepdim=True) + eps)
     return pre, post, comb
 
