@@ -20,7 +20,7 @@ import tempfile
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = [os.path.join(HERE, f) for f in ("needle_step.c", "cq_packed.c")]
+SOURCES = [os.path.join(HERE, f) for f in ("needle_step.c", "dots.c", "cq_packed.c")]
 HEADER = os.path.join(HERE, "native.h")
 # $NEEDLE_NATIVE_MARCH overrides -march (e.g. x86-64: no AVX, the scalar paths), which is
 # how tests/test_native.py checks that the vector width changes no bit.

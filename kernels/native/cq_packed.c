@@ -96,15 +96,64 @@ static void decode_row(const CqMat *A, int64_t o, float *w)
     for (; j < in_pad; j++) w[j] = lev[code_at(codes, j, bits)] * norm[j / GROUP];
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+#define FUSED 1
+/* nat_dot(xp, decoded row o) without storing the row (a one-token step): the same lanes
+   (four chains of 8, k in 32-blocks), the same fused multiply-adds, the same tree. */
+static float fused_row(const CqMat *A, int64_t o, const float *xp)
+{
+    const int64_t in_pad = A->in_pad, wide = A->bits == 4;
+    const uint8_t *codes = A->packed + o * A->row_bytes;
+    const float *norm = A->norms + o * (in_pad / GROUP);
+    const __m256 lo = _mm256_loadu_ps(A->levels), hi = _mm256_loadu_ps(A->levels + 8);
+    const __m256i sh = wide ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)
+                            : _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m256i mask = _mm256_set1_epi32(wide ? 15 : 3);
+    __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+    for (int64_t g = 0; g < in_pad / GROUP; g++) {
+        const __m256 nrm = _mm256_set1_ps(norm[g]);
+        for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k += 32)
+            for (int q = 0; q < 4; q++) {
+                uint32_t word;
+                if (wide) {
+                    memcpy(&word, codes + (k + 8 * q) / 2, 4);
+                } else {
+                    uint16_t half;
+                    memcpy(&half, codes + (k + 8 * q) / 4, 2);
+                    word = half;
+                }
+                __m256 w = decode8(word, sh, mask, lo, hi, (int)wide, nrm);
+                c[q] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k + 8 * q), w, c[q]);
+            }
+    }
+    float acc[32];
+    for (int q = 0; q < 4; q++) _mm256_storeu_ps(acc + 8 * q, c[q]);
+    return nat_tree32(acc);
+}
+#endif
+
 void nat_cq_product(const CqMat *mats, int64_t nmats, const float *x, int64_t M, int64_t K,
                     float *y, int64_t ldy, float *xp)
 {
-    int64_t in_pad = mats[0].in_pad, col = 0;
+    int64_t in_pad = mats[0].in_pad, col = 0, fusable = M == 1;
     for (int64_t r = 0; r < M; r++) nat_cq_rotate(x + r * K, K, in_pad, xp + r * in_pad);
+    for (int64_t i = 0; i < nmats; i++) fusable &= mats[i].bits == 2 || mats[i].bits == 4;
     for (int64_t i = 0; i < nmats; i++) {
         const CqMat *A = mats + i;
-        /* row blocks split across threads: a value's arithmetic does not depend on it */
-#pragma omp parallel for schedule(static) num_threads(nat_threads) if (nat_threads > 1 && A->rows >= 4 * ROWS)
+#ifdef FUSED
+        if (fusable) {                   /* one token: decode straight into the dot */
+#pragma omp parallel for schedule(static) num_threads(nat_threads) \
+    if (nat_threads > 1 && A->rows >= 4 * ROWS)
+            for (int64_t o = 0; o < A->rows; o++) y[col + o] = fused_row(A, o, xp);
+            col += A->rows;
+            continue;
+        }
+#endif
+        /* a chunk: decode a block of rows once for all its inputs; row blocks split across
+           threads (a value's arithmetic does not depend on the split) */
+#pragma omp parallel for schedule(static) num_threads(nat_threads) \
+    if (nat_threads > 1 && A->rows >= 4 * ROWS)
         for (int64_t o0 = 0; o0 < A->rows; o0 += ROWS) {
             float w[ROWS * MAX_IN];
             int64_t nr = o0 + ROWS < A->rows ? ROWS : A->rows - o0;
