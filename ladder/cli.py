@@ -302,8 +302,9 @@ def _model_args(p, regen=False):
         return
     p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
                    help="needle_v2 (default) or attn_v41: DeepSeek-V4.1 attention, reference vs "
-                        "the official fixture and port vs reference (--fixture, --backend, "
-                        "--decode, --device apply)")
+                        "the official fixture and port vs reference, plus graph vs eager on "
+                        "every capturable layer-step (--fixture, --backend torch|triton, "
+                        "--device apply; --decode does not: both are always run)")
     p.add_argument("--rules", help="tolerance rules file (.toml or .json; see `ladder rules`)")
     p.add_argument("--weights", default=None,
                    help="port weight form: dense (float32) or cq (Cactus-Quants codes; the "

@@ -32,7 +32,7 @@ from kernels.sparse_attn_v41 import sparse_attn_v41
 from reference.config_v41 import MAX_SELECTION, V41Args, V41ConfigError, weight_names
 
 from .attn_v41_compress import NOTHING_PUBLISHED, check_sources, compressed_part
-from .attn_v41_ops import AttnV41Error, fp8_rt, rms, rope, rope_cis
+from .attn_v41_ops import AttnV41Error, fp8_rt, grouped_projection, rms, rope, rope_cis
 
 __all__ = ["AttnStackV41", "AttnV41Error"]
 
@@ -199,10 +199,8 @@ class AttnStackV41:
         o = sparse_attn_v41(q, rows_a, rows_b, idx, self.scale, self._p(layer, "attn_sink"),
                             self.backend).to(torch.bfloat16)
         o_rot = rope(o, cis, inverse=True)
-        wo_a = self._p(layer, "wo_a.weight").view(a.o_groups, a.o_lora_rank, -1)
-        og = torch.einsum("mgd,grd->mgr", o_rot.reshape(o.shape[0], a.o_groups, -1),
-                          wo_a).flatten(1)
-        out = F.linear(og, self._p(layer, "wo_b.weight"))
+        og, out = grouped_projection(o_rot, self._p(layer, "wo_a.weight"),
+                                     self._p(layer, "wo_b.weight"), a.o_groups)
         return {"o": o, "o_rot": o_rot, "og": og, "out": out}
 
     def _step(self, layer, x, pos, idx, rows_b):

@@ -121,32 +121,54 @@ def compress(st, layer, r, x, start_pos):
 
 
 def index(st, layer, role, x, qr, latent, start_pos, offset, tr):
-    a, sh, m, r = st.args, st.shared, x.shape[0], role.ratio
+    """The index source's selection [m, k] on st.dev: scores on the device, then the host
+    decision (scores come down and the top-k runs on the CPU, whose tie rule for the frequent
+    exact ties, bf16 scores and -inf, is the official one)."""
+    a, m, r = st.args, x.shape[0], role.ratio
     width = (start_pos + m) // r
-    if role.is_kv_source and latent is not None:
-        k = rms(F.linear(latent, st._p(layer, "indexer.wk.weight")),
-                st._p(layer, "indexer.k_norm.weight"), a.norm_eps)
-        k = fp4_e8m0_rt(rope(k, st.yarn[_group_pos(k.shape[0], r, start_pos, st.dev)]))
-        st.kcache[layer][start_pos // r:start_pos // r + k.shape[0]] = k
-        sh["index_k"] = st.kcache[layer]
+    if role.is_kv_source and latent is not None:       # only group-completing calls
+        st.shared["index_k"] = _write_index_keys(st, layer, r, latent, start_pos)
+    score = _index_scores(st, layer, x, qr, st.shared["index_k"][:width], start_pos, tr).cpu()
+    lens = visible(m, start_pos, r)
+    if start_pos == 0:
+        score = score.masked_fill(torch.arange(width).unsqueeze(0) >= lens, -torch.inf)
+    score = _apply_candidates(st, role, score, lens)
+    return topk_positions(score, lens, min(a.index_topk, width), offset).to(st.dev)
+
+
+def _write_index_keys(st, layer, r, latent, start_pos):
+    """Index keys of the new latents (spec §3.7: wk, k_norm, RoPE at the group position, fp4
+    e8m0) stored at their cache rows; returns the key cache to publish."""
+    a = st.args
+    k = rms(F.linear(latent, st._p(layer, "indexer.wk.weight")),
+            st._p(layer, "indexer.k_norm.weight"), a.norm_eps)
+    k = fp4_e8m0_rt(rope(k, st.yarn[_group_pos(k.shape[0], r, start_pos, st.dev)]))
+    row0 = start_pos // r
+    st.kcache[layer][row0:row0 + k.shape[0]] = k
+    return st.kcache[layer]
+
+
+def _index_scores(st, layer, x, qr, keys, start_pos, tr):
+    """[m, W] bf16 scores of the m queries against keys [W, d]."""
+    a, m = st.args, x.shape[0]
     qi = F.linear(qr, st._p(layer, "indexer.wq_b.weight")).view(m, a.index_n_heads,
                                                                  a.index_head_dim)
     qi = fp4_e8m0_rt(rope(qi, st.yarn[start_pos:start_pos + m]))
     tr("index_q", layer, qi)
     head_w = F.linear(x, st._p(layer, "indexer.weights_proj.weight")) * \
         (a.index_head_dim ** -0.5 * a.index_n_heads ** -0.5)
-    keys = sh["index_k"][:width]                                  # [W, d]
-    dots = torch.matmul(qi.reshape(-1, a.index_head_dim), keys.t()).view(m, -1, width)
+    dots = torch.matmul(qi.reshape(-1, a.index_head_dim), keys.t()).view(m, a.index_n_heads, -1)
     # spec §3.7's order: per head weight the rectified dot (rounded to bf16), then sum heads
-    score = torch.sum(torch.relu(dots) * head_w[:, :, None], dim=1)
-    # the host decision: scores come down and the top-k runs on the CPU, whose tie rule
-    # (frequent exact ties: bf16 scores, -inf) is the official one
-    score, lens = score.cpu(), visible(m, start_pos, r)
-    if start_pos == 0:
-        score = score.masked_fill(torch.arange(width).unsqueeze(0) >= lens, -torch.inf)
+    return torch.sum(torch.relu(dots) * head_w[:, :, None], dim=1)
+
+
+def _apply_candidates(st, role, score, lens):
+    """The candidate source publishes its block filter (and keeps its own scores); a later
+    index source scores only inside that filter (shape vetted by check_sources)."""
+    a, sh = st.args, st.shared
     if role.is_candidate_source:
         sh["candidates"] = block_filter(score, lens, a.candidate_topk_blocks,
                                         a.candidate_block_size)
-    elif role.uses_candidates:                      # shape vetted by check_sources
+    elif role.uses_candidates:
         score = score.masked_fill(~sh["candidates"], -torch.inf)
-    return topk_positions(score, lens, min(a.index_topk, width), offset).to(st.dev)
+    return score

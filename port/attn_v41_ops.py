@@ -2,11 +2,12 @@
 the compressed-index builders. Written for the device: no host reads, fixed shapes where the
 decode body uses them. (The port never imports the reference's math, DESIGN.md "Layout".)
 
-Quantisers compute the power-of-two scale from the float32 bit fields (exponent, +1 when the
-mantissa is non-zero) and round e2m1 with float32's own round-to-nearest-even: adding 2^22,
-2^23 or 2^24 leaves a float32 whose last place is 0.5, 1 or 2 (the e2m1 step below 2, in
-[2, 4) and in [4, 6]), so the addition rounds the magnitude onto the grid, ties to the even
-multiple of the step, which is the even e2m1 code; subtracting the constant back is exact.
+Quantisers take the power-of-two scale from the float32 bit fields (the exponent field alone,
+doubled when any mantissa bit was set) and round e2m1 with float32's own round-to-nearest-even:
+adding 2^22, 2^23 or 2^24 leaves a float32 whose last place is 0.5, 1 or 2 (the e2m1 step
+below 2, in [2, 4) and in [4, 6]), so the addition rounds the magnitude onto the grid, ties to
+the even multiple of the step, which is the even e2m1 code; subtracting the constant back is
+exact.
 """
 from __future__ import annotations
 
@@ -21,13 +22,16 @@ class AttnV41Error(ValueError):
 
 R448 = 1.0 / 448.0
 R6 = 1.0 / 6.0
+EXP_BITS, MANT_BITS = 0x7F800000, 0x007FFFFF
 
 
 def _pow2_ceil(y: torch.Tensor) -> torch.Tensor:
-    bits = y.contiguous().view(torch.int32)
-    e = (bits >> 23) & 0xFF
-    e = e + ((bits & 0x7FFFFF) != 0).to(torch.int32)
-    return (e << 23).view(torch.float32)
+    """Smallest power of two >= y, for positive normal float32 y (spec §3.4's scale). Keeping
+    only y's exponent field gives the power of two at or below y; when that dropped mantissa
+    bits, y lay strictly above it and the answer is the next power up (doubling is exact)."""
+    raw = y.contiguous().view(torch.int32)
+    below = (raw & EXP_BITS).view(torch.float32)
+    return torch.where((raw & MANT_BITS) != 0, below * 2, below)
 
 
 def _e2m1(v: torch.Tensor) -> torch.Tensor:
@@ -92,8 +96,19 @@ def rope(x, cis, inverse=False):
 
 
 def rms(x, w, eps):
-    xf = x.float()
-    return (w * (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps))).to(x.dtype)
+    """spec §3.2 in f32: normalise by the row's RMS first, then weight (the order is forced)."""
+    f = x.float()
+    scale = (f.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+    return (f * scale * w).to(x.dtype)
+
+
+def grouped_projection(o_rot, wo_a, wo_b, groups):
+    """spec §3.10: o_rot [m, H, D] -> (og [m, groups·rank], out [m, dim]). wo_a is
+    block-diagonal: group g's contiguous slice of heads meets only rows g·rank.. of wo_a, so
+    it runs as one batched product over the groups."""
+    lhs = o_rot.reshape(o_rot.shape[0], groups, -1)
+    og = torch.einsum("mgk,gnk->mgn", lhs, wo_a.unflatten(0, (groups, -1))).flatten(1)
+    return og, torch.nn.functional.linear(og, wo_b)
 
 
 def visible(m, start_pos, ratio, device=None):

@@ -38,9 +38,21 @@ class AttnV41Error(ValueError):
 
 
 def rms_norm(x, w, eps):
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
-    return (w * y).to(x.dtype)
+    """Rows of x scaled to unit root-mean-square, then by the weight, in f32, back to x's dtype
+    (spec §3.2 forces the order: w·(x·rsqrt(mean x² + eps)), not (w·x)·rsqrt(...))."""
+    wide = x.float()
+    inv_rms = torch.rsqrt(torch.mean(wide * wide, dim=-1, keepdim=True) + eps)
+    return (wide * inv_rms * w).to(x.dtype)
+
+
+def grouped_out(o_rot, wo_a, wo_b, groups):
+    """spec §3.10: head outputs [m, H, D] -> (og [m, groups·rank], out [m, dim]). The H·D row
+    splits into `groups` contiguous chunks (whole heads); chunk g meets only its own rank-sized
+    block of wo_a, which is why this is a batched product over groups and not one Linear."""
+    chunks = o_rot.reshape(o_rot.shape[0], groups, -1)              # [m, G, H·D/G]
+    blocks = wo_a.unflatten(0, (groups, -1))                        # [G, rank, H·D/G]
+    og = torch.einsum("tgk,grk->tgr", chunks, blocks).flatten(1)
+    return og, F.linear(og, wo_b)
 
 
 def completes_group(ratio: int, m: int, start_pos: int) -> bool:
@@ -54,28 +66,43 @@ def gated_pool(values, gates):
     return (values * gates.softmax(dim=1)).sum(dim=1)
 
 
+def _tile_rows(table, entries):
+    """One tile of selection entries [m, B] -> (present [m, B], its rows [m, B, D] in f32). An
+    absent entry (-1) reads row 0 and then zeros it, so it adds nothing to the weighted row sum
+    (its weight is exp(-inf) = 0 anyway); the mask keeps its score out of the max."""
+    present = entries >= 0
+    rows = torch.where(present.unsqueeze(-1), table[entries.clamp_min(0)], 0.0)
+    return present, rows
+
+
 def sparse_attn_sink(q, rows, sink, idx, scale):
     """q [m, H, D] bf16, rows [N, D] bf16 (key and value), sink [H] f32, idx [m, K] (-1 absent)
-    -> [m, H, D] bf16."""
-    m, H, D = q.shape
-    qf, rf = q.float(), rows.float()
-    f32 = dict(dtype=torch.float32)
-    acc = torch.zeros(m, H, D, **f32)
-    den = torch.zeros(m, H, **f32)
-    top = torch.full((m, H), -1e30, **f32)
-    for t0 in range(0, idx.shape[1], TILE):
-        j = idx[:, t0:t0 + TILE].long()
-        ok = j >= 0
-        r = rf[j.clamp_min(0)] * ok[..., None]                        # [m, B, D]
-        s = torch.where(ok[:, None, :], torch.einsum("mhd,mbd->mhb", qf, r), -torch.inf) * scale
-        new_top = torch.maximum(top, s.amax(-1))
-        shrink = torch.exp(top - new_top)
-        p = torch.exp(s - new_top[..., None])
-        den = den * shrink + p.sum(-1)
-        acc = acc * shrink[..., None] + torch.einsum("mhb,mbd->mhd", p.bfloat16().float(), r)
-        top = new_top
-    den = den + torch.exp(sink.float() - top)
-    return (acc / den[..., None]).to(torch.bfloat16)
+    -> [m, H, D] bf16.
+
+    One pass over the selection in tiles of TILE entries, carrying per (query, head) the largest
+    score so far (`peak`), the softmax denominator (`mass`) and the unnormalised output
+    (`blend`); both sums are rescaled whenever a tile raises the peak. The peak starts at a
+    finite -1e30, so a query that selects nothing ends with zero weights and a zero output.
+    """
+    qf, table = q.float(), rows.float()
+    peak = torch.full(q.shape[:2], -1e30, dtype=torch.float32)
+    mass = torch.zeros(q.shape[:2], dtype=torch.float32)
+    blend = torch.zeros(q.shape, dtype=torch.float32)
+    for entries in idx.long().split(TILE, dim=1):
+        present, tile = _tile_rows(table, entries)
+        score = torch.einsum("thd,tkd->thk", qf, tile) * scale
+        score = score.masked_fill(~present.unsqueeze(1), -torch.inf)
+        # spec §3.8/§6.2 fix this order: weights against the raised peak, f32 weights into the
+        # denominator, the same weights rounded to bf16 for the rows, both sums rescaled first
+        raised = torch.maximum(peak, score.amax(dim=-1))
+        decay = torch.exp(peak - raised)
+        weight = torch.exp(score - raised.unsqueeze(-1))
+        mass = mass * decay + weight.sum(dim=-1)
+        blend = blend * decay.unsqueeze(-1) + \
+            torch.einsum("thk,tkd->thd", weight.bfloat16().float(), tile)
+        peak = raised
+    # spec §3.8: the sink enters the denominator only, once, against the final peak
+    return (blend / (mass + torch.exp(sink.float() - peak)).unsqueeze(-1)).to(torch.bfloat16)
 
 
 class AttnStackV41:
@@ -190,9 +217,8 @@ class AttnStackV41:
 
         o = sparse_attn_sink(q, rows, self._p(layer, "attn_sink"), idx, a.head_dim ** -0.5)
         o_rot = rotate(o, f, inverse=True)
-        wo_a = self._p(layer, "wo_a.weight").view(a.o_groups, a.o_lora_rank, -1)
-        og = torch.einsum("mgd,grd->mgr", o_rot.reshape(m, a.o_groups, -1), wo_a).flatten(1)
-        out = F.linear(og, self._p(layer, "wo_b.weight"))
+        og, out = grouped_out(o_rot, self._p(layer, "wo_a.weight"),
+                              self._p(layer, "wo_b.weight"), a.o_groups)
         tr("o", layer, o), tr("o_rot", layer, o_rot), tr("og", layer, og), tr("out", layer, out)
         return out
 
@@ -253,36 +279,49 @@ class AttnStackV41:
         return rms_norm(pooled.to(torch.bfloat16), norm, a.norm_eps)
 
     def _index(self, layer, role, x, qr, latent, start_pos, offset, tr):
+        """This index source's selection [m, k]. A kv source first turns its new latents into
+        index keys; the scores then read whatever key cache was published last."""
         a, sh, m = self.args, self.shared, x.shape[0]
-        ratio, width = role.ratio, (start_pos + m) // role.ratio
+        width = (start_pos + m) // role.ratio
         if role.is_kv_source and latent is not None:
-            pos = torch.arange(latent.shape[0]) * ratio if start_pos == 0 \
-                else torch.tensor([start_pos + 1 - ratio])
-            k = rms_norm(F.linear(latent, self._p(layer, "indexer.wk.weight")),
-                         self._p(layer, "indexer.k_norm.weight"), a.norm_eps)
-            k = fp4_roundtrip_e8m0(rotate(k, self.yarn[pos]))
-            row0 = start_pos // ratio
-            self.kcache[layer][row0:row0 + k.shape[0]] = k
-            # published only when this call produced keys (as the official code does): on the
-            # other decode steps the indexer reads whatever key cache was published last
-            sh["index_k"] = self.kcache[layer]
-        f = self.yarn[start_pos:start_pos + m]
-        qi = F.linear(qr, self._p(layer, "indexer.wq_b.weight"))
-        qi = fp4_roundtrip_e8m0(rotate(qi.view(m, a.index_n_heads, a.index_head_dim), f))
-        tr("index_q", layer, qi)
-        keys = sh["index_k"][:width]
-        hw = F.linear(x, self._p(layer, "indexer.weights_proj.weight")) * \
-            (a.index_head_dim ** -0.5 * a.index_n_heads ** -0.5)
-        dots = (qi.flatten(0, 1) @ keys.T).view(m, a.index_n_heads, width)     # [m, h, W]
-        # spec §3.7 fixes the order: each head's rectified dot is weighted and rounded to bf16,
-        # then the heads are summed (not one fused weighted contraction)
-        score = (dots.relu() * hw.unsqueeze(-1)).sum(dim=1)                    # [m, W] bf16
-        lens = visible_lens(m, start_pos, ratio)
-        if start_pos == 0:
+            self._publish_index_keys(layer, role.ratio, latent, start_pos)
+        score = self._index_scores(layer, x, qr, sh["index_k"][:width], start_pos, tr)
+        lens = visible_lens(m, start_pos, role.ratio)
+        if start_pos == 0:                           # a prefill query sees (t+1) div ratio
             score = score.masked_fill(torch.arange(width)[None, :] >= lens, -torch.inf)
+        # the candidate source publishes its block filter but is not narrowed by it; later
+        # index sources score only inside it (shape checked up front)
         if role.is_candidate_source:
             sh["candidates"] = candidate_keep(score, lens, a.candidate_topk_blocks,
                                               a.candidate_block_size)
-        elif role.uses_candidates:                   # its shape was checked up front
+        elif role.uses_candidates:
             score = score.masked_fill(~sh["candidates"], -torch.inf)
         return select(score, lens, min(a.index_topk, width), offset)
+
+    def _publish_index_keys(self, layer, ratio, latent, start_pos):
+        """spec §3.7 keys: k_norm(wk·latent), RoPE'd at each group's first position, fp4 (e8m0),
+        written at the groups' cache rows and published. Only calls that complete a group get
+        here (as in the official code): other decode steps leave the published keys as they are."""
+        a = self.args
+        first = torch.arange(latent.shape[0]) * ratio if start_pos == 0 \
+            else torch.tensor([start_pos + 1 - ratio])
+        keys = rms_norm(F.linear(latent, self._p(layer, "indexer.wk.weight")),
+                        self._p(layer, "indexer.k_norm.weight"), a.norm_eps)
+        keys = fp4_roundtrip_e8m0(rotate(keys, self.yarn[first]))
+        cache = self.kcache[layer]
+        cache[start_pos // ratio:start_pos // ratio + keys.shape[0]] = keys
+        self.shared["index_k"] = cache
+
+    def _index_scores(self, layer, x, qr, keys, start_pos, tr):
+        """[m, W] bf16 index scores of the m queries against the W visible keys (spec §3.7)."""
+        a, m = self.args, x.shape[0]
+        head_w = F.linear(x, self._p(layer, "indexer.weights_proj.weight")) * \
+            (a.index_head_dim ** -0.5 * a.index_n_heads ** -0.5)
+        qi = F.linear(qr, self._p(layer, "indexer.wq_b.weight"))
+        qi = qi.view(m, a.index_n_heads, a.index_head_dim)
+        qi = fp4_roundtrip_e8m0(rotate(qi, self.yarn[start_pos:start_pos + m]))
+        tr("index_q", layer, qi)
+        per_head = (qi.flatten(0, 1) @ keys.T).view(m, a.index_n_heads, -1)    # [m, h, W]
+        # spec §3.7 fixes the order: each head's rectified dot is weighted and rounded to bf16,
+        # then the heads are summed (not one fused weighted contraction)
+        return (per_head.relu() * head_w.unsqueeze(-1)).sum(dim=1)

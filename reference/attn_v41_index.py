@@ -59,5 +59,7 @@ def candidate_keep(scores: torch.Tensor, lens: torch.Tensor, topk_blocks: int,
 
 def select(scores: torch.Tensor, lens: torch.Tensor, k: int, offset: int) -> torch.Tensor:
     """scores [m, W] -> [m, k] int32 row indices past `offset`, ascending, -1 if not visible."""
-    picked = scores.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values
-    return torch.where(picked < lens, picked + offset, -1).to(torch.int32)
+    # which k: the set torch's CPU topk returns (its tie rule is the official one, spec §3.7);
+    # the order is then by position, not by score
+    chosen, _ = torch.sort(torch.topk(scores, k, dim=-1, sorted=False).indices, dim=-1)
+    return (chosen + offset).masked_fill(chosen >= lens, -1).to(torch.int32)

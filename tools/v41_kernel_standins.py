@@ -45,28 +45,55 @@ def _e2m1(v: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.signbit(v), -_GRID[code], _GRID[code])
 
 
+def _requantise(x, block, scale_of, snap):
+    """The in-place round trip both quantisers share: per block of `block` values one scale
+    from the block's largest magnitude, each value divided by it, snapped onto the code grid,
+    multiplied back and stored into x (bf16 rounding on the store)."""
+    blocks = x.float().unflatten(-1, (-1, block))
+    scale = scale_of(blocks.abs().amax(-1, keepdim=True))
+    x.copy_((snap(blocks / scale) * scale).flatten(-2))
+    return x
+
+
+def _e4m3_snap(v):
+    # saturate first: torch's e4m3fn cast is RNE but turns values past 448 into NaN
+    return v.clamp(-448, 448).to(torch.float8_e4m3fn).float()
+
+
+def _e2m1_snap(v):
+    return _e2m1(v.clamp(-6, 6))
+
+
+# spec §3.4/§3.5 scales from a block's largest magnitude (floored so a zero block divides by a
+# normal number); the power-of-two ones round up amax·f32(1/max), not amax/max
+def _fp8_scale(peak):
+    return _pow2_ceil_bits(peak.clamp_min(1e-4) * _R448)
+
+
+def _e8m0_scale(peak):
+    return _pow2_ceil_bits(peak.clamp_min(6 * 2.0 ** -126) * _R6)
+
+
+def _e4m3_scale(peak):
+    return _e4m3_snap(peak.clamp_min(6 * 2.0 ** -9) / 6.0)
+
+
+_FP4_SCALES = {torch.float8_e8m0fnu: _e8m0_scale, torch.float8_e4m3fn: _e4m3_scale}
+
+
 def act_quant(x, block_size=128, scale_fmt=None, scale_dtype=torch.float32, inplace=False):
     if not inplace or scale_fmt is None:
         raise NotImplementedError("stand-in: only the in-place power-of-two form is used in "
                                   "bf16 mode")
-    g = x.float().unflatten(-1, (-1, block_size))
-    s = _pow2_ceil_bits(g.abs().amax(-1, keepdim=True).clamp_min(1e-4) * _R448)
-    q = (g / s).clamp(-448, 448).to(torch.float8_e4m3fn).float()
-    x.copy_((q * s).flatten(-2))
-    return x
+    return _requantise(x, block_size, _fp8_scale, _e4m3_snap)
 
 
 def fp4_act_quant(x, block_size=32, inplace=False, scale_dtype=torch.float8_e8m0fnu):
     if not inplace:
         raise NotImplementedError("stand-in: only the in-place form is used")
-    g = x.float().unflatten(-1, (-1, block_size))
-    amax = g.abs().amax(-1, keepdim=True)
-    if scale_dtype == torch.float8_e4m3fn:
-        s = (amax.clamp_min(6 * 2.0 ** -9) / 6.0).clamp(-448, 448).to(torch.float8_e4m3fn).float()
-    else:
-        s = _pow2_ceil_bits(amax.clamp_min(6 * 2.0 ** -126) * _R6)
-    x.copy_((_e2m1((g / s).clamp(-6, 6)) * s).flatten(-2))
-    return x
+    if scale_dtype not in _FP4_SCALES:
+        raise NotImplementedError(f"stand-in: fp4 scales are e8m0 or e4m3, not {scale_dtype}")
+    return _requantise(x, block_size, _FP4_SCALES[scale_dtype], _e2m1_snap)
 
 
 class _Streaming:
