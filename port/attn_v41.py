@@ -29,7 +29,8 @@ import torch.nn.functional as F
 
 from kernels.ring import ring_put_torch, ring_put_triton, window_topk_idxs
 from kernels.sparse_attn_v41 import sparse_attn_v41
-from reference.config_v41 import MAX_SELECTION, V41Args, V41ConfigError, weight_names
+from reference.config_v41 import (MAX_SELECTION, V41Args, V41ConfigError,
+                                   forward_call_problem, weight_names)
 
 from .attn_v41_compress import NOTHING_PUBLISHED, check_sources, compressed_part
 from .attn_v41_ops import AttnV41Error, fp8_rt, grouped_projection, rms, rope, rope_cis
@@ -216,19 +217,9 @@ class AttnStackV41:
 
     # ---- eager ----
     def _check(self, layer, x, start_pos):
-        a = self.args
-        self._role(layer)
-        if x.dim() != 2 or x.shape[1] != a.dim or x.dtype != torch.bfloat16:
-            raise AttnV41Error(f"x must be bf16 [m, dim={a.dim}], got {x.dtype} {list(x.shape)}")
-        m = x.shape[0]
-        if not 1 <= m <= self.max_tokens:
-            raise AttnV41Error(f"m={m} tokens outside 1..max_tokens={self.max_tokens}")
-        if start_pos < 0 or start_pos + m > a.max_seq_len:
-            raise AttnV41Error(f"positions {start_pos}..{start_pos + m - 1} outside "
-                               f"0..max_seq_len-1={a.max_seq_len - 1}")
-        if start_pos > 0 and m != 1:
-            raise AttnV41Error(f"start_pos={start_pos} > 0 takes one token (a decode step), "
-                               f"got m={m}")
+        problem = forward_call_problem(self.args, layer, x, start_pos, self.max_tokens)
+        if problem:
+            raise AttnV41Error(problem)
 
     def forward(self, layer: int, x, start_pos: int, trace=None):
         self._check(layer, x, start_pos)

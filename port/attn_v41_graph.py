@@ -12,9 +12,8 @@ capturable: no host synchronisation, and the same op sequence at every position.
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from .graph import HOST_SYNC_OPS, HostSyncError
+from .graph import BodyRecorder, HostSyncError  # noqa: F401  (HostSyncError: re-exported)
 
 
 class DecodeGraphsV41:
@@ -62,33 +61,11 @@ class DecodeGraphsV41:
         return outs
 
 
-def _describe(a):
-    if isinstance(a, torch.Tensor):
-        return ("T", tuple(a.shape), str(a.dtype))
-    if isinstance(a, (list, tuple)):
-        return tuple(_describe(x) for x in a)
-    return repr(a)
-
-
-class _Recorder(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.__name__.split(".")[0] in HOST_SYNC_OPS:
-            raise HostSyncError(f"V4.1 decode body calls {func} (a host synchronisation or a "
-                                f"data-dependent shape): not capturable")
-        self.ops.append((str(func), _describe(args),
-                         _describe(tuple(sorted((kwargs or {}).items())))))
-        return func(*args, **(kwargs or {}))
-
-
 def record_body_ops(stack, layer, x, start_pos):
     """decode_prep on the host, then decode_body under a dispatch mode that refuses host syncs
     and records every op with its argument shapes: (ops, body outputs). Equal op lists at two
     positions mean one capture serves both."""
     rows_b = stack.decode_prep(layer, start_pos)
-    with _Recorder() as rec:
+    with BodyRecorder("V4.1 decode body") as rec:
         res = stack.decode_body(layer, x, rows_b)
     return rec.ops, res

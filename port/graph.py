@@ -137,17 +137,21 @@ def _describe(a):
     return repr(a)
 
 
-class _Recorder(TorchDispatchMode):
-    def __init__(self):
+class BodyRecorder(TorchDispatchMode):
+    """Records every op a capturable body issues (with argument shapes and values) and refuses
+    host synchronisations; `what` names the body in the error. Shared by port/attn_v41_graph."""
+
+    def __init__(self, what: str = "decode body"):
         super().__init__()
-        self.ops = []
+        self.ops, self.what = [], what
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
         if name in HOST_SYNC_OPS:
-            raise HostSyncError(f"decode body calls {func} (a host synchronisation or a "
+            raise HostSyncError(f"{self.what} calls {func} (a host synchronisation or a "
                                 f"data-dependent shape): not capturable")
-        self.ops.append((str(func), _describe(args), _describe(tuple(sorted((kwargs or {}).items())))))
+        kw = _describe(tuple(sorted((kwargs or {}).items())))
+        self.ops.append((str(func), _describe(args), kw))
         return func(*args, **(kwargs or {}))
 
 
@@ -156,6 +160,6 @@ def record_body_ops(graph: DecodeGraph, token: int) -> list:
     records every op with its argument shapes and non-tensor values. Identical lists at two
     positions mean one capture is valid for both."""
     graph.prep(token)
-    with _Recorder() as rec:
+    with BodyRecorder() as rec:
         graph.body()
     return rec.ops

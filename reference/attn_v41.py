@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from .attn_v41_index import candidate_keep, select, visible_lens, window_idxs
 from .attn_v41_quant import fp4_roundtrip_e4m3, fp4_roundtrip_e8m0, fp8_roundtrip
 from .attn_v41_rope import rope_table, rotate
-from .config_v41 import V41Args, weight_names
+from .config_v41 import V41Args, forward_call_problem, weight_names
 
 TILE = 64
 NOTHING_PUBLISHED = {"compress_kv": None, "index_k": None, "topk_idxs": None, "candidates": None}
@@ -139,20 +139,9 @@ class AttnStackV41:
         return self.w[f"layers.{layer}.attn.{name}"]
 
     def _check(self, layer, x, start_pos):
-        a = self.args
-        if not 0 <= layer < a.n_layers:
-            raise AttnV41Error(f"layer={layer} outside 0..{a.n_layers - 1}")
-        if x.dim() != 2 or x.shape[1] != a.dim or x.dtype != torch.bfloat16:
-            raise AttnV41Error(f"x must be bf16 [m, dim={a.dim}], got {x.dtype} {list(x.shape)}")
-        m = x.shape[0]
-        if not 1 <= m <= a.max_seq_len:
-            raise AttnV41Error(f"m={m} tokens outside 1..max_seq_len={a.max_seq_len}")
-        if start_pos < 0 or start_pos + m > a.max_seq_len:
-            raise AttnV41Error(f"positions {start_pos}..{start_pos + m - 1} outside "
-                               f"0..max_seq_len-1={a.max_seq_len - 1}")
-        if start_pos > 0 and m != 1:
-            raise AttnV41Error(f"start_pos={start_pos} > 0 takes one token (a decode step), "
-                               f"got m={m}")
+        problem = forward_call_problem(self.args, layer, x, start_pos, self.args.max_seq_len)
+        if problem:
+            raise AttnV41Error(problem)
 
     def _check_sources(self, layer, m, start_pos):
         """Refuse, before anything is written, a call whose layer would read what no source has

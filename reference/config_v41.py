@@ -183,3 +183,21 @@ def weight_names(args: V41Args, layer: int) -> list:
         if role.is_kv_source:
             names += [p + "indexer.wk.weight", p + "indexer.k_norm.weight"]
     return names
+
+
+def forward_call_problem(args: V41Args, layer, x, start_pos: int, max_tokens: int):
+    """Why `forward(layer, x, start_pos)` cannot run on this geometry (naming the value and
+    the limit), or None. Both the reference and the port refuse with it before any write."""
+    if not isinstance(layer, int) or not 0 <= layer < args.n_layers:
+        return f"layer={layer!r} outside 0..{args.n_layers - 1}"
+    if x.dim() != 2 or x.shape[1] != args.dim or str(x.dtype) != "torch.bfloat16":
+        return f"x must be bf16 [m, dim={args.dim}], got {x.dtype} {list(x.shape)}"
+    m = x.shape[0]
+    if not 1 <= m <= max_tokens:
+        return f"m={m} tokens outside 1..max_tokens={max_tokens}"
+    if start_pos < 0 or start_pos + m > args.max_seq_len:
+        return (f"positions {start_pos}..{start_pos + m - 1} outside "
+                f"0..max_seq_len-1={args.max_seq_len - 1}")
+    if start_pos > 0 and m != 1:
+        return f"start_pos={start_pos} > 0 takes one token (a decode step), got m={m}"
+    return None

@@ -40,6 +40,25 @@ static unsigned code_at(const uint8_t *codes, int64_t j, int64_t bits)
 }
 
 #ifdef __AVX2__
+/* The 8 codes starting at byte c: 2 whole bytes (2-bit) or 4 (4-bit). */
+static inline uint32_t codes8(const uint8_t *c, int wide)
+{
+    uint32_t word;
+    uint16_t half;
+    if (wide) {
+        memcpy(&word, c, 4);                       /* constant-size loads: no calls */
+        return word;
+    }
+    memcpy(&half, c, 2);
+    return half;
+}
+
+static inline __m256i shifts(int wide)
+{
+    return wide ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)
+                : _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+}
+
 /* 8 codes of `bits` (2 or 4) packed in `word` -> their levels times `nrm`. */
 static inline __m256 decode8(uint32_t word, __m256i sh, __m256i mask, __m256 lo, __m256 hi,
                              int wide, __m256 nrm)
@@ -61,34 +80,15 @@ static void decode_row(const CqMat *A, int64_t o, float *w)
     const float *norm = A->norms + o * (in_pad / GROUP), *lev = A->levels;
     int64_t j = 0;
 #ifdef __AVX2__
-    const __m256 lo = _mm256_loadu_ps(lev), hi = _mm256_loadu_ps(lev + 8);
-    if (bits == 2) {
-        const __m256i sh = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-        const __m256i mask = _mm256_set1_epi32(3);
+    if (bits == 2 || bits == 4) {
+        const int wide = bits == 4;
+        const __m256 lo = _mm256_loadu_ps(lev), hi = _mm256_loadu_ps(lev + 8);
+        const __m256i sh = shifts(wide), mask = _mm256_set1_epi32((1 << bits) - 1);
         for (int64_t g = 0; g < in_pad / GROUP; g++) {
             const __m256 nrm = _mm256_set1_ps(norm[g]);
-            const uint8_t *c = codes + g * (GROUP / 4);
-            float *wg = w + g * GROUP;
-            for (int k = 0; k < GROUP / 8; k++) {
-                uint16_t half;
-                memcpy(&half, c + 2 * k, 2);
-                _mm256_storeu_ps(wg + 8 * k, decode8(half, sh, mask, lo, hi, 0, nrm));
-            }
-        }
-        return;
-    }
-    if (bits == 4) {
-        const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-        const __m256i mask = _mm256_set1_epi32(15);
-        for (int64_t g = 0; g < in_pad / GROUP; g++) {
-            const __m256 nrm = _mm256_set1_ps(norm[g]);
-            const uint8_t *c = codes + g * (GROUP / 2);
-            float *wg = w + g * GROUP;
-            for (int k = 0; k < GROUP / 8; k++) {
-                uint32_t word;
-                memcpy(&word, c + 4 * k, 4);
-                _mm256_storeu_ps(wg + 8 * k, decode8(word, sh, mask, lo, hi, 1, nrm));
-            }
+            for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k += 8)
+                _mm256_storeu_ps(w + k, decode8(codes8(codes + k * bits / 8, wide), sh, mask,
+                                                lo, hi, wide, nrm));
         }
         return;
     }
@@ -106,23 +106,14 @@ static float fused_row(const CqMat *A, int64_t o, const float *xp)
     const uint8_t *codes = A->packed + o * A->row_bytes;
     const float *norm = A->norms + o * (in_pad / GROUP);
     const __m256 lo = _mm256_loadu_ps(A->levels), hi = _mm256_loadu_ps(A->levels + 8);
-    const __m256i sh = wide ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)
-                            : _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-    const __m256i mask = _mm256_set1_epi32(wide ? 15 : 3);
+    const __m256i sh = shifts((int)wide), mask = _mm256_set1_epi32(wide ? 15 : 3);
     __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                    _mm256_setzero_ps()};
     for (int64_t g = 0; g < in_pad / GROUP; g++) {
         const __m256 nrm = _mm256_set1_ps(norm[g]);
         for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k += 32)
             for (int q = 0; q < 4; q++) {
-                uint32_t word;
-                if (wide) {
-                    memcpy(&word, codes + (k + 8 * q) / 2, 4);
-                } else {
-                    uint16_t half;
-                    memcpy(&half, codes + (k + 8 * q) / 4, 2);
-                    word = half;
-                }
+                uint32_t word = codes8(codes + (k + 8 * q) * A->bits / 8, (int)wide);
                 __m256 w = decode8(word, sh, mask, lo, hi, (int)wide, nrm);
                 c[q] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k + 8 * q), w, c[q]);
             }
