@@ -185,13 +185,14 @@ def test_probe_heads_match_reference_with_pads(tiny_cfg, tiny_params, tiny_model
         assert rule.check(tiny_model.confidence(t[b])[None], rf[b][None])
 
 
-def test_shipped_geometry_from_a_parameter_file(tmp_path):
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_shipped_geometry_from_a_parameter_file(tmp_path, backend):
     cfg = V2Config.preset("shipped")
     params = init_params(cfg, 0, perturbed=True)
     path = tmp_path / "shipped.safetensors"
     save_params(path, params, cfg)
     params, cfg = load_params(path)
-    model = V2Model.from_params(params, cfg)
+    model = V2Model.from_params(params, cfg, backend=backend)
     seq = _seq(cfg, 3, seed=4)
     state = model.make_state()
     assert state.k.shape == (27, 4, 256, 64)                  # the ring, not max_seq_len
