@@ -8,7 +8,8 @@ for each port (backend:weights; "cq" = built from the CQ model, i.e. the dequant
 for native, the codes' pre-rotation rows for torch):
   * `step` ms/token at position 300 and at 1500 (past the window: the ring caps the work);
   * `prefill_batch` ms/token for a 256-token prompt vs 256 `step_prefill` calls;
-  * aten ops per `step` (torch profiler) and the weight bytes the model holds;
+  * aten ops per `step` (torch profiler), the weight bytes the model holds, and the growth of
+    the process's resident set while the model is built;
 then the reference's one-token `forward_cached` at position 300 on the same weights, and the
 ratios. Also the packed CQ payload (the resident size of CqWeight's "packed" form) of the same
 model. Upstream JAX is timed only when `cactus-needle` imports in this interpreter; otherwise
@@ -17,11 +18,14 @@ the table says it was skipped. Thread count and flush-denormal are recorded with
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -44,6 +48,21 @@ def median_ms(fn, n):
         fn()
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts) * 1e3
+
+
+def rss_mb() -> float:
+    """The process's resident set now (Linux /proc; 0 where unavailable), after returning
+    freed heap pages to the system (glibc malloc_trim), so load-time temporaries don't count."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def held_mb(model) -> float:
@@ -104,9 +123,9 @@ def bench_port(model, cfg, steps, tok):
     return out
 
 
-def build(params, cfg, backend, weights, cactfile):
-    if weights == "cq":
-        return V2Model.from_cactfile(cactfile, "cq", backend=backend)
+def build(params, cfg, backend, weights, cact_path):
+    if weights == "cq":                 # a fresh read: nothing of the file outlives the load
+        return V2Model.from_cact(cact_path, "cq", backend=backend)
     return V2Model.from_params(params, cfg, backend=backend)
 
 
@@ -145,6 +164,10 @@ def main(argv=None):
     cfg = V2Config.preset(args.preset)
     params = init_params(cfg, 0, perturbed=True)
     cactfile = cact.build_cact(params, cfg)
+    tmp = tempfile.TemporaryDirectory()
+    cact_path = os.path.join(tmp.name, "bench.cact")
+    with open(cact_path, "wb") as f:
+        f.write(cactfile.to_bytes())
     g = torch.Generator().manual_seed(0)
     tok = iter(torch.randint(1, cfg.vocab_size, (200000,), generator=g).tolist())
     res = {"preset": args.preset, "threads": torch.get_num_threads(), "flush_denormal": True,
@@ -155,8 +178,11 @@ def main(argv=None):
         native.set_threads(args.threads)
     for port in args.ports:
         backend, weights = port.split(":")
-        model = build(params, cfg, backend, weights, cactfile)
+        before = rss_mb()
+        model = build(params, cfg, backend, weights, cact_path)
+        grown = rss_mb() - before
         res["ports"][port] = bench_port(model, cfg, args.steps, tok)
+        res["ports"][port]["rss_growth_mb_at_load"] = grown
         del model
     from port.cq import CqWeight
     res["cq_packed_mb"] = sum(CqWeight.from_slot(s, "packed").nbytes for s in cactfile.slots
