@@ -1,5 +1,6 @@
 """backend="native": the whole step of m positions in one call to the C step
-(kernels/native/needle_step.c) on the model's dense float32 weights.
+(kernels/native/needle_step.c), on the model's dense float32 weights or, for a model built from
+Cactus-Quants codes, on the packed codes themselves (kernels/native/cq_packed.c).
 
 The model's weights are bound once (NativeModel keeps every tensor the C side points to); each
 state gets its binding, scratch and host arrays once (NativeBuffers, grown only when a prefill

@@ -29,3 +29,19 @@ def tiny_cfg():
 @pytest.fixture(scope="session")
 def tiny_params(tiny_cfg):
     return init_params(tiny_cfg, seed=7, perturbed=True)
+
+
+@pytest.fixture(scope="session")
+def v41_fx():
+    """The official DeepSeek-V4.1 attention fixture: (manifest, recordings, weights)."""
+    from ladder.v41 import load_fixture
+    return load_fixture()
+
+
+@pytest.fixture(scope="session")
+def v41_ref_run(v41_fx):
+    """reference/attn_v41.py driven through every call of the fixture, once per session."""
+    from ladder.v41 import run_side
+    from reference.attn_v41 import AttnStackV41
+    man, rec, w = v41_fx
+    return run_side(AttnStackV41(man["model_args"], w), man, rec)

@@ -6,7 +6,7 @@ import torch
 
 from kernels.sparse_attn_v41 import triton
 from ladder.rules import V41_DEVICE_FLIPS
-from ladder.v41 import compare, graph_vs_eager, load_fixture, run_side
+from ladder.v41 import compare, graph_vs_eager, run_side
 from port.attn_v41 import AttnStackV41
 from reference.attn_v41 import AttnStackV41 as RefStack
 
@@ -15,14 +15,9 @@ BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(triton is N
                                                                      reason="no Triton"))]
 
 
-@pytest.fixture(scope="module")
-def fx():
-    return load_fixture()
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_cuda_graph_replay_equals_eager_bytes(fx, backend):
-    man, rec, w = fx
+def test_cuda_graph_replay_equals_eager_bytes(v41_fx, backend):
+    man, rec, w = v41_fx
     eager = AttnStackV41(man["model_args"], w, backend=backend, device="cuda")
     graph = AttnStackV41(man["model_args"], w, backend=backend, decode="graph", device="cuda")
     n, bad = graph_vs_eager(eager, graph, man, rec)
@@ -31,12 +26,12 @@ def test_cuda_graph_replay_equals_eager_bytes(fx, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_cuda_port_matches_reference(fx, backend):
+def test_cuda_port_matches_reference(v41_fx, backend):
     """cuBLAS and the GPU's RoPE products sum in other orders than the CPU, so a bf16 value can
     move by an ulp and flip a selection at an exact near-tie (spec §7 accepts those on device).
     Such layer-steps are counted (bounded by ladder/rules.py's V41_DEVICE_FLIPS); every other
     point must pass, indices exactly."""
-    man, rec, w = fx
+    man, rec, w = v41_fx
     ref = run_side(RefStack(man["model_args"], w), man, rec)
     port = AttnStackV41(man["model_args"], w, backend=backend, decode="graph", device="cuda")
     rows = compare(run_side(port, man, rec), ref, "v41_port", [c["key"] for c in man["calls"]])

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from ladder.v41 import load_fixture, run_side
+from ladder.v41 import run_side
 from port.attn_v41 import AttnStackV41 as PortStack
 from port.attn_v41 import AttnV41Error as PortError
 from reference.attn_v41 import AttnStackV41 as RefStack
@@ -17,11 +17,6 @@ from reference.attn_v41 import AttnV41Error as RefError
 
 SIDES = [(RefStack, RefError), (PortStack, PortError)]
 IDS = ["reference", "port"]
-
-
-@pytest.fixture(scope="module")
-def fx():
-    return load_fixture()
 
 
 def _bits(t):
@@ -73,8 +68,8 @@ def _calls(man, scenario):
     return [c for c in man["calls"] if c["scenario"] == scenario]
 
 
-def _after_prefill(fx, cls, scenario, **kw):
-    man, rec, w = fx
+def _after_prefill(v41_fx, cls, scenario, **kw):
+    man, rec, w = v41_fx
     calls = _calls(man, scenario)
     st = cls(dict(man["model_args"], **kw), w)
     run_side(st, man, rec, calls[:1])
@@ -82,15 +77,15 @@ def _after_prefill(fx, cls, scenario, **kw):
 
 
 @pytest.mark.parametrize("cls, err", SIDES, ids=IDS)
-def test_refusals_leave_state_untouched(fx, cls, err):
-    man, rec, w = fx
+def test_refusals_leave_state_untouched(v41_fx, cls, err):
+    man, rec, w = v41_fx
     st = cls(man["model_args"], w)
     x1 = rec[man["calls"][0]["key"]][0]["x"]
     # a fresh stack: layer 3 would write its ring slot before finding no compressed cache
     refused(st, err, lambda: st.forward(3, x1, 0), "before any kv source published")
     # after a 13-token prefill, a decode step of layer 3 without layer 2 (item: a 13-row
     # selection is no selection for one query) and of layer 6 without layer 4's filter
-    st, calls = _after_prefill(fx, cls, "p13")
+    st, calls = _after_prefill(v41_fx, cls, "p13")
     xd = rec[calls[1]["key"]][3]["x"]
     refused(st, err, lambda: st.forward(3, xd, 13),
             "reuses a selection no index source published for these 1 queries (published: "
@@ -115,9 +110,9 @@ def test_refusals_leave_state_untouched(fx, cls, err):
     refused(st, err, lambda: st.forward(2, x1, 0), "layer 2 reuses a selection no index source")
 
 
-def test_port_decode_refusals_leave_state_untouched(fx):
-    man, rec, w = fx
-    st, calls = _after_prefill(fx, PortStack, "p13")
+def test_port_decode_refusals_leave_state_untouched(v41_fx):
+    man, rec, w = v41_fx
+    st, calls = _after_prefill(v41_fx, PortStack, "p13")
     x = rec[calls[1]["key"]][3]["x"]
     st.decode_prep(0, 13)                                   # the upload record is not empty
     cases = [
@@ -141,8 +136,8 @@ def test_port_decode_refusals_leave_state_untouched(fx):
             "selection of 15 entries exceeds the fixed decode width 14")
 
 
-def test_port_construction_errors(fx):
-    man, _, w = fx
+def test_port_construction_errors(v41_fx):
+    man, _, w = v41_fx
     cases = [
         (lambda: PortStack(man["model_args"], w, backend="cuda"), "backend='cuda'"),
         (lambda: PortStack(dict(man["model_args"], head_dim=48), w), "head_dim=48"),

@@ -5,25 +5,14 @@ import pytest
 import torch
 
 from ladder.rules import V41_RULES, rule_for
-from ladder.v41 import INDEX_POINTS, compare, load_fixture, run_side
+from ladder.v41 import INDEX_POINTS, compare
 from reference.attn_v41 import AttnStackV41
 
 OFFICIAL_SHA256 = "4e9ae23620edc8028ccc5d5fef552ab7fdc7dcd6f79608754fe9f67644056f65"
 
 
-@pytest.fixture(scope="module")
-def fx():
-    return load_fixture()
-
-
-@pytest.fixture(scope="module")
-def ref_run(fx):
-    man, rec, w = fx
-    return run_side(AttnStackV41(man["model_args"], w), man, rec)
-
-
-def test_fixture_provenance(fx):
-    man, rec, _ = fx
+def test_fixture_provenance(v41_fx):
+    man, rec, _ = v41_fx
     off = man["official"]
     assert off["sha256"] == OFFICIAL_SHA256
     assert off["revision"] == "dba1be0a40aa45a94ad051997016db3960a90277"
@@ -33,8 +22,8 @@ def test_fixture_provenance(fx):
     assert max(c["start_pos"] for c in man["calls"]) >= 3 * man["model_args"]["window_size"]
 
 
-def test_every_class_is_exercised(fx):
-    man, rec, _ = fx
+def test_every_class_is_exercised(v41_fx):
+    man, rec, _ = v41_fx
     seen = {p for calls in rec.values() for layer in calls.values() for p in layer}
     assert {"latent", "index_q", "compressed_rows"} <= seen
     # index selections that grew past index_topk, and partly filled rings with -1 first
@@ -45,9 +34,9 @@ def test_every_class_is_exercised(fx):
     assert rec[c3["key"]][0]["window_idxs"].tolist() == [[-1, -1, -1, -1, 0, 1, 2, 3]]
 
 
-def test_reference_matches_official_layer_by_layer(fx, ref_run):
-    man, rec, _ = fx
-    rows = compare(ref_run, rec, "v41_official", [c["key"] for c in man["calls"]])
+def test_reference_matches_official_layer_by_layer(v41_fx, v41_ref_run):
+    man, rec, _ = v41_fx
+    rows = compare(v41_ref_run, rec, "v41_official", [c["key"] for c in man["calls"]])
     bad = [r for r in rows if not r[3]]
     assert not bad, f"{len(bad)} failing points, first {bad[0]}"
     points = {r[2] for r in rows}
@@ -65,11 +54,11 @@ def test_rule_is_the_issue_bound():
     assert not rule.check(b + torch.tensor([allow * 1.01, 0.0]), b)
 
 
-def test_comparison_can_fail(fx, ref_run):
+def test_comparison_can_fail(v41_fx, v41_ref_run):
     """A 5% change of one output element fails its rule; an index off by one fails exactly."""
-    man, rec, _ = fx
+    man, rec, _ = v41_fx
     key = man["calls"][-1]["key"]
-    bent = {key: {layer: dict(p) for layer, p in ref_run[key].items()}}
+    bent = {key: {layer: dict(p) for layer, p in v41_ref_run[key].items()}}
     out = bent[key][7]["out"].clone()
     i = out.abs().argmax()
     out.view(-1)[i] = out.view(-1)[i] * 1.05
@@ -82,13 +71,13 @@ def test_comparison_can_fail(fx, ref_run):
     assert bad == {(7, "out"), (3, "topk_idxs")}
 
 
-def test_args_need_every_field_the_attention_reads(fx):
+def test_args_need_every_field_the_attention_reads(v41_fx):
     """Fields the attention reads are required (none is filled from a default); the official
     ModelArgs' other fields (vocab_size, moe_*, hc_*, dtype, ...) are ignored."""
     from types import SimpleNamespace
 
     from reference.config_v41 import V41Args, V41ConfigError
-    man, _, w = fx
+    man, _, w = v41_fx
     full = man["model_args"]
     assert "vocab_size" in full and V41Args.from_any(full).max_seq_len == full["max_seq_len"]
     assert V41Args.from_any(SimpleNamespace(**full)) == V41Args.from_any(full)

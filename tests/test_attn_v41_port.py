@@ -6,77 +6,65 @@ import pytest
 import torch
 
 from kernels.sparse_attn_v41 import triton
-from ladder.v41 import compare, graph_vs_eager, load_fixture, run_side
+from ladder.v41 import compare, graph_vs_eager, run_side
 from port.attn_v41 import AttnStackV41
 from port.attn_v41_graph import record_body_ops
-from reference.attn_v41 import AttnStackV41 as RefStack
 
 needs_triton = pytest.mark.skipif(triton is None, reason="no Triton wheel on this platform")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"     # Triton: a GPU, else the interpreter
 
 
 @pytest.fixture(scope="module")
-def fx():
-    return load_fixture()
-
-
-@pytest.fixture(scope="module")
-def ref_run(fx):
-    man, rec, w = fx
-    return run_side(RefStack(man["model_args"], w), man, rec)
-
-
-@pytest.fixture(scope="module")
-def port_run(fx):
-    man, rec, w = fx
+def port_run(v41_fx):
+    man, rec, w = v41_fx
     return run_side(AttnStackV41(man["model_args"], w), man, rec)
 
 
-def _check(port_run, ref_run, calls):
-    rows = compare(port_run, ref_run, "v41_port", [c["key"] for c in calls])
+def _check(port_run, v41_ref_run, calls):
+    rows = compare(port_run, v41_ref_run, "v41_port", [c["key"] for c in calls])
     bad = [r for r in rows if not r[3]]
     assert rows and not bad, f"{len(bad)} failing points, first {bad[:1]}"
     return rows
 
 
-def test_port_torch_matches_reference(fx, ref_run, port_run):
-    man, rec, w = fx
-    rows = _check(port_run, ref_run, man["calls"])
+def test_port_torch_matches_reference(v41_fx, v41_ref_run, port_run):
+    man, rec, w = v41_fx
+    rows = _check(port_run, v41_ref_run, man["calls"])
     assert {"topk_idxs", "window_idxs", "latent", "index_q", "compressed_rows"} <= \
         {r[2] for r in rows}
 
 
 @needs_triton
-def test_port_triton_matches_reference(fx, ref_run):
-    man, rec, w = fx
+def test_port_triton_matches_reference(v41_fx, v41_ref_run):
+    man, rec, w = v41_fx
     calls = [c for c in man["calls"] if c["scenario"] == "p3"][:3]     # prefill 3, decode 3, 4
     port = AttnStackV41(man["model_args"], w, backend="triton", device=DEV)
-    _check(run_side(port, man, rec, calls), ref_run, calls)
+    _check(run_side(port, man, rec, calls), v41_ref_run, calls)
 
 
-def test_graph_decode_equals_eager_bytes(fx, port_run):
+def test_graph_decode_equals_eager_bytes(v41_fx, port_run):
     """Against the eager port's recorded outputs (port_run: the same eager runtime, all calls)."""
-    man, rec, w = fx
+    man, rec, w = v41_fx
     graph = AttnStackV41(man["model_args"], w, decode="graph")
     n, bad = graph_vs_eager(None, graph, man, rec, port_run)
     assert n >= 200 and not bad, f"{len(bad)} of {n} capturable layer-steps differ: {bad[:3]}"
 
 
-def _prefilled(fx, scenario="p13"):
+def _prefilled(v41_fx, scenario="p13"):
     """A port stack after the scenario's prefill, and its decode calls."""
-    man, rec, w = fx
+    man, rec, w = v41_fx
     calls = [c for c in man["calls"] if c["scenario"] == scenario]
     st = AttnStackV41(man["model_args"], w)
     run_side(st, man, rec, calls[:1])
     return st, calls[1:], rec
 
 
-def test_body_is_capturable_and_position_independent(fx):
+def test_body_is_capturable_and_position_independent(v41_fx):
     """No host sync in the body, and the same op sequence at every position (so one capture
     serves all), for a window layer and a ratio-2 and a ratio-1 reuse layer; the body's output
     equals the eager step's bytes."""
-    st, calls, rec = _prefilled(fx)
-    eager, _, _ = _prefilled(fx)
+    st, calls, rec = _prefilled(v41_fx)
+    eager, _, _ = _prefilled(v41_fx)
     seen = {}
     for c in calls[:4]:
         for layer in range(8):
@@ -91,16 +79,16 @@ def test_body_is_capturable_and_position_independent(fx):
     assert set(seen) == {0, 1, 3, 5, 7}
 
 
-def test_classes_and_widths(fx):
-    man, _, w = fx
+def test_classes_and_widths(v41_fx):
+    man, _, w = v41_fx
     st = AttnStackV41(man["model_args"], w)
     assert [st.decode_capturable(i) for i in range(8)] == [True, True, False, True, False,
                                                          True, False, True]
     assert [st.decode_fixed_topk(i) for i in range(8)] == [8, 8, 14, 14, 14, 14, 14, 14]
 
 
-def test_prep_pads_with_minus_one_and_uploads_only_changes(fx):
-    st, calls, rec = _prefilled(fx, "p3")
+def test_prep_pads_with_minus_one_and_uploads_only_changes(v41_fx):
+    st, calls, rec = _prefilled(v41_fx, "p3")
     c = calls[0]                                           # decode at position 3
     for layer in range(3):                                 # layers 0..2 publish for layer 3
         st.forward(layer, rec[c["key"]][layer]["x"], c["start_pos"])
