@@ -41,7 +41,8 @@ def _input_errors() -> tuple:
     from reference.config import ConfigError
     from reference.decode import DecodeInputError
     from reference.params import ParamsError
-    errs = [LadderInputError, ConfigError, ParamsError, DecodeInputError, StepError,
+    from reference.safe_io import InputFileError
+    errs = [LadderInputError, ConfigError, ParamsError, DecodeInputError, StepError, InputFileError,
             StateError, RulesError, CompareError, fixtures.FixtureError, OSError]
     for mod, name in (("ladder.v41", "V41FixtureError"), ("port.attn_v41", "AttnV41Error"),
                       ("reference.attn_v41", "AttnV41Error")):
@@ -63,17 +64,19 @@ def load_model(args):
     from reference.params import init_params, load_params
     if args.params and args.cact:
         raise LadderInputError("give one of --params and --cact, not both")
-    f = None
+    from reference.memory_budget import check_memory
+    f, budget = None, getattr(args, "max_memory", None)
     if args.params:
-        params, cfg = load_params(args.params)
+        params, cfg = load_params(args.params, max_memory=budget)
         src = {"source": "params", "file": os.path.basename(args.params)}
     elif args.cact:
         from reference.cact import read_cact
-        f = read_cact(args.cact)
+        f = read_cact(args.cact, max_memory=budget)
         params, cfg = f.params, f.config
         src = {"source": "cact", "file": os.path.basename(args.cact)}
     else:
         cfg = V2Config.preset(args.preset)
+        check_memory(cfg, budget, f"--preset {args.preset}")
         params = init_params(cfg, args.seed, perturbed=True)
         src = {"source": "init", "preset": args.preset, "seed": args.seed, "perturbed": True}
     params = {k: v.float() for k, v in params.items()}
@@ -132,7 +135,7 @@ def compare_run(args, out=print):
     params, cfg, src, cactfile = load_model(args)
     t0 = time.perf_counter()
     if args.fixture:
-        fx = fixtures.load(args.fixture)
+        fx = fixtures.load(args.fixture, args.max_memory)
         fixtures.check_geometry(fx, cfg)
         params = fixtures.fixture_params(fx, None if src["source"] == "init" else params)
         if (args.weights or "dense") != "dense" and cactfile is None:
@@ -278,10 +281,11 @@ def cmd_regen(args, out=print) -> int:
 
 
 def _same_bytes(a, b) -> bool:
+    from reference.memory_budget import DEFAULT_MAX_MEMORY
+    from reference.safe_io import read_capped
     if not os.path.exists(b):
         return False
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        return fa.read() == fb.read()
+    return read_capped(a, DEFAULT_MAX_MEMORY) == read_capped(b, DEFAULT_MAX_MEMORY)
 
 
 def cmd_rules(args, out=print) -> int:
@@ -298,6 +302,7 @@ def _model_args(p, regen=False):
     p.add_argument("--prompt-len", type=int, default=DEFAULT_PROMPT)
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="one-token decode steps")
     p.add_argument("--window", type=int, default=None, help="attention window (default: config)")
+    _memory_arg(p)
     if regen:
         return
     p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
@@ -327,6 +332,14 @@ def _model_args(p, regen=False):
                    help="skip proving that tracing changes no bit (saves a third run)")
     p.add_argument("--fine", action="store_true", help="print every point, not the coarse ladder")
     p.add_argument("--per-step", action="store_true", help="print one row per (step, point)")
+
+
+def _memory_arg(p):
+    from reference.memory_budget import DEFAULT_MAX_MEMORY, cli_size
+    p.add_argument("--max-memory", type=cli_size, default=None, metavar="SIZE",
+                   help=f"budget for the tables a geometry implies (parameters, RoPE, KV and "
+                        f"Engram rings), e.g. 4G; files needing more are refused before "
+                        f"anything is allocated (default {DEFAULT_MAX_MEMORY >> 30}G)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -21,13 +21,16 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.config import ConfigError, V2Config
+from reference.config import MAX_INT, ConfigError, V2Config
+from reference.memory_budget import check_memory
 from reference.params import ParamsError, init_params, load_safetensors
+from reference.safe_io import parse_json, read_capped
 from .trace import Ladder, schedule
 
 SCHEMA = 1
 GENERATOR = "tools/gen_v2_forward_parity.py"
 MAX_MANIFEST = 64 * 1024 * 1024
+SEED_MAX = 2 ** 63 - 1              # torch.Generator.manual_seed's range
 DEFAULT_STEM = os.path.join("tests", "fixtures", "v2_forward_vectors")
 
 
@@ -155,20 +158,20 @@ def _need(m: dict, key: str, kind, where: str):
     return v
 
 
+def _bounded(m: dict, key: str, lo: int, hi: int, where: str) -> int:
+    v = _need(m, key, int, where)
+    if not lo <= v <= hi:
+        shown = str(v) if len(str(v)) <= 40 else f"{str(v)[:37]}..."
+        raise FixtureError(f"{where}: manifest field {key}={shown} outside {lo}..{hi}")
+    return v
+
+
 def read_manifest(path) -> dict:
+    """The manifest JSON: a regular file of at most MAX_MANIFEST bytes, bounded parse, every
+    field typed (and the integers in range) before anything uses it."""
     path = os.fspath(path)
-    size = os.path.getsize(path)
-    if size > MAX_MANIFEST:
-        raise FixtureError(f"{path}: {size} bytes exceeds the manifest limit {MAX_MANIFEST}")
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        m = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise FixtureError(f"{path}: not UTF-8 at byte offset {e.start}") from None
-    except json.JSONDecodeError as e:
-        raise FixtureError(f"{path}: malformed JSON at line {e.lineno} column {e.colno} "
-                           f"(offset {e.pos}): {e.msg}") from None
+    raw = read_capped(path, MAX_MANIFEST, FixtureError, "manifest")
+    m = parse_json(raw, path, FixtureError)
     if not isinstance(m, dict):
         raise FixtureError(f"{path}: manifest must be a JSON object")
     version = _need(m, "schema_version", int, path)
@@ -182,13 +185,18 @@ def read_manifest(path) -> dict:
     for key, kind in (("prompt_len", int), ("kv_window", int), ("tokens", list),
                       ("steps", list)):
         _need(sch, key, kind, f"{path}: schedule")
+    # Ranges a run can honour; the config-dependent ones (window, length) are checked in load.
+    _bounded(m, "seed", 0, SEED_MAX, path)
+    _bounded(sch, "prompt_len", 1, MAX_INT, f"{path}: schedule")
+    _bounded(sch, "kv_window", 0, MAX_INT, f"{path}: schedule")
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in sch["tokens"]):
         raise FixtureError(f"{path}: field schedule.tokens must hold integers")
     return m
 
 
-def load(stem) -> Fixture:
-    """Read and verify a fixture (FixtureError names what is wrong)."""
+def load(stem, max_memory: int | None = None) -> Fixture:
+    """Read and verify a fixture (FixtureError names what is wrong). Its geometry is checked
+    against the memory budget (`max_memory`) before its tensors are read."""
     stem = os.fspath(stem)
     for ext in (".safetensors", ".json"):
         if stem.endswith(ext):
@@ -199,7 +207,14 @@ def load(stem) -> Fixture:
         cfg = V2Config(**m["config"])
     except (ConfigError, TypeError, ValueError) as e:
         raise FixtureError(f"{js}: field config: {e}") from None
+    check_memory(cfg, max_memory, f"{js}: field config", error=FixtureError)
     sch = m["schedule"]
+    if len(sch["tokens"]) > cfg.max_seq_len:
+        raise FixtureError(f"{js}: field schedule.tokens holds {len(sch['tokens'])} positions, "
+                           f"more than max_seq_len={cfg.max_seq_len}")
+    if sch["kv_window"] > cfg.max_seq_len:
+        raise FixtureError(f"{js}: field schedule.kv_window={sch['kv_window']} exceeds "
+                           f"max_seq_len={cfg.max_seq_len}")
     bad = [t for t in sch["tokens"] if not 0 <= t < cfg.vocab_size]
     if bad:
         raise FixtureError(f"{js}: field schedule.tokens holds id {bad[0]} outside "
@@ -212,7 +227,7 @@ def load(stem) -> Fixture:
     if sch["steps"] != want:
         raise FixtureError(f"{js}: field schedule.steps does not match prompt_len and tokens")
     try:
-        tensors, _ = load_safetensors(st)           # framing checked before allocating
+        tensors, _ = load_safetensors(st, max_memory)   # framing checked before allocating
     except ParamsError as e:
         raise FixtureError(str(e)) from None
     names = set(tensors)
@@ -260,8 +275,8 @@ def fixture_params(fx: Fixture, params=None) -> dict:
         if src.get("source") != "init":
             raise FixtureError(f"{fx.path}: parameters came from {src.get('source')!r} "
                                f"{src.get('file', '')}; pass that file (--params / --cact)")
-        for key, kind in (("seed", int), ("perturbed", bool)):
-            _need(src, key, kind, f"{fx.path}.json: params")
+        _bounded(src, "seed", 0, SEED_MAX, f"{fx.path}.json: params")
+        _need(src, "perturbed", bool, f"{fx.path}.json: params")
         params = init_params(fx.cfg, src["seed"], perturbed=src["perturbed"])
     digest = params_sha256(params)
     if digest != src.get("sha256"):

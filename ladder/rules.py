@@ -23,16 +23,29 @@ import torch
 SCALES = ("maxabs", "elementwise")
 STATS = ("max", "p99")
 MAX_RULES_FILE = 1024 * 1024        # a rules file is a few hundred bytes; refuse anything huge
+# Largest rtol/atol/tie_factor: 1000 already passes any comparison, and a bound keeps the KL
+# bound (allowance^2 / 2, in float64) finite for every float32 logit scale.
+MAX_TOLERANCE = 1e3
+COMPARED_SIDES = ("port", "arbiter")   # point-name prefixes the ladder compares (compare.py)
 
 
 class RulesError(ValueError):
     """A rule or rules file that cannot be used (names the field, its value and the limit)."""
 
 
-def _finite_nonneg(owner: str, name: str, value) -> float:
+class UncoveredPointError(RulesError, KeyError):
+    """No pattern matches a point (a KeyError for callers that look rules up like a dict)."""
+
+    __str__ = ValueError.__str__
+
+
+def _finite_nonneg(owner: str, name: str, value, limit: float = MAX_TOLERANCE) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value < 0:
-        raise RulesError(f"{owner}: field {name}={value!r} must be a finite number >= 0")
+            or not (isinstance(value, float) or abs(value) <= 2 ** 53) \
+            or not math.isfinite(value) or not 0 <= value <= limit:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise RulesError(f"{owner}: field {name}={shown} must be a finite number in "
+                         f"0..{limit:g}")
     return float(value)
 
 
@@ -127,8 +140,11 @@ class LogitsRule:
     why: str = "two sides each within one allowance can swap ids closer than two allowances"
 
     def __post_init__(self):
-        if isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1:
-            raise RulesError(f"LogitsRule: field topk={self.topk!r} must be an integer >= 1")
+        if isinstance(self.topk, bool) or not isinstance(self.topk, int) \
+                or not 1 <= self.topk <= 1 << 20:
+            shown = repr(self.topk) if len(repr(self.topk)) <= 40 else repr(self.topk)[:37] + "..."
+            raise RulesError(f"LogitsRule: field topk={shown} must be an integer in "
+                             f"1..{1 << 20}")
         _finite_nonneg("LogitsRule", "tie_factor", self.tie_factor)
 
 
@@ -198,7 +214,7 @@ class RuleSet:
     source: str = "ladder/rules.py"
 
     def __post_init__(self):
-        _finite_nonneg("RuleSet", "rel_floor", self.rel_floor)
+        _finite_nonneg("RuleSet", "rel_floor", self.rel_floor, 1.0)
         if not self.rules:
             raise RulesError("RuleSet: field rules is empty; give at least a catch-all '*'")
 
@@ -206,7 +222,18 @@ class RuleSet:
         for pattern in self.rules:
             if fnmatch.fnmatchcase(name, pattern):
                 return pattern
-        raise KeyError(f"no tolerance rule matches {name!r}; patterns: {list(self.rules)}")
+        raise UncoveredPointError(f"no tolerance rule matches {name!r}; patterns: "
+                                  f"{list(self.rules)}")
+
+    def check_covers(self, sides=COMPARED_SIDES):
+        """Refuse a rule set under which some point of a compared side has no rule: each side
+        needs a catch-all (e.g. 'port/*'), so every point, including ones added later, has one."""
+        for side in sides:
+            probe = f"{side}/\x00any point"
+            if not any(fnmatch.fnmatchcase(probe, p) for p in self.rules):
+                raise RulesError(f"{self.source}: no rule covers every {side}/ point; add a "
+                                 f"catch-all pattern such as '{side}/*' (or '*') after the "
+                                 f"specific ones")
 
     def for_point(self, name: str) -> Rule:
         return self.rules[self.pattern_for(name)]
@@ -292,30 +319,20 @@ def rules_from_dict(data, source: str = "<dict>") -> RuleSet:
 
 
 def load_rules(path) -> RuleSet:
-    """Read a rules file: .toml (Python 3.11+'s tomllib) or .json."""
+    """Read a rules file: .toml (Python 3.11+'s tomllib) or .json, a regular file of at most
+    MAX_RULES_FILE bytes, parsed with bounded nesting; every compared side must be covered."""
+    from reference.safe_io import parse_json, parse_toml, read_capped
     path = os.fspath(path)
-    size = os.path.getsize(path)
-    if size > MAX_RULES_FILE:
-        raise RulesError(f"{path}: {size} bytes exceeds the rules file limit {MAX_RULES_FILE}")
-    with open(path, "rb") as f:
-        raw = f.read()
-    if path.endswith(".toml"):
-        try:
-            import tomllib
-        except ImportError:
-            raise RulesError(f"{path}: TOML needs Python 3.11+ (tomllib); use JSON") from None
-        try:
-            data = tomllib.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-            raise RulesError(f"{path}: malformed TOML: {e}") from None
-    elif path.endswith(".json"):
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise RulesError(f"{path}: malformed JSON: {e}") from None
-    else:
+    if not path.endswith((".toml", ".json")):
         raise RulesError(f"{path}: rules file must end in .toml or .json")
-    return rules_from_dict(data, path)
+    raw = read_capped(path, MAX_RULES_FILE, RulesError, "rules file")
+    if path.endswith(".toml"):
+        data = parse_toml(raw, path, RulesError)
+    else:
+        data = parse_json(raw, path, RulesError)
+    rs = rules_from_dict(data, path)
+    rs.check_covers()
+    return rs
 
 
 def _toml_value(v) -> str:

@@ -17,13 +17,16 @@ from ladder.rules import max_rel, rule_for
 from . import architecture
 from .config import ConfigError, V2Config
 from .decode import DecodeInputError, forward_cached, generate, init_kv_cache
+from .memory_budget import DEFAULT_MAX_MEMORY, check_memory, cli_size
 from .params import ParamsError, init_params, load_params, save_params
+from .safe_io import InputFileError
 
 
 def _model(args):
     if args.params:
-        return load_params(args.params)
+        return load_params(args.params, max_memory=args.max_memory)
     cfg = V2Config.preset(args.preset)
+    check_memory(cfg, args.max_memory, f"--preset {args.preset}")
     return init_params(cfg, args.seed, perturbed=not args.upstream_init), cfg
 
 
@@ -93,10 +96,13 @@ def main(argv=None) -> int:
     r.add_argument("--steps", type=int, default=21)
     r.add_argument("--window", type=int, default=None, help="attention window (default: config)")
     r.add_argument("--save", help="write the parameters used to this safetensors file")
+    r.add_argument("--max-memory", type=cli_size, default=None, metavar="SIZE",
+                   help=f"budget for the tables a geometry implies, e.g. 4G; larger ones are "
+                        f"refused before allocating (default {DEFAULT_MAX_MEMORY >> 30}G)")
     args = ap.parse_args(argv)
     try:
         return run(args)
-    except (ConfigError, ParamsError, DecodeInputError, OSError) as e:
+    except (ConfigError, ParamsError, DecodeInputError, InputFileError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -22,7 +22,9 @@ from . import cq
 from .cact_layout import CQ, FP16, RAW, HEADS, base_count, canon, heads_in, params_from_slots, \
     slot_tensors
 from .config import V2Config
+from .memory_budget import DEFAULT_MAX_MEMORY, check_memory
 from .params import ParamsError, check_params, param_shapes
+from .safe_io import read_capped
 from .tokenizer import Tokenizer, TokenizerFormatError
 
 TAG = 0x05E12A83
@@ -259,17 +261,24 @@ def _as_tokenizer(tok):
 
 
 # ---------------------------------------------------------------- reading
-def read_cact(path) -> CactFile:
-    path = os.fspath(path)
-    with open(path, "rb") as fh:
-        data = fh.read()
-    return parse_cact(data, path)
+def read_cact(path, max_memory: int | None = None) -> CactFile:
+    """Read and validate a .cact file: a regular file no larger than the memory budget
+    (`max_memory`, default DEFAULT_MAX_MEMORY), whose header geometry fits the budget too."""
+    budget = DEFAULT_MAX_MEMORY if max_memory is None else max_memory
+    data = read_capped(path, budget, CactFormatError, ".cact file")
+    return parse_cact(data, os.fspath(path), budget)
 
 
-def parse_cact(data: bytes, where: str = "<bytes>") -> CactFile:
+# Header bytes of the fields a geometry's memory follows (for the budget's message).
+_FIELD_AT = {"max_seq_len": 44, "vocab_size": 20, "d_model": 24, "num_layers": 36,
+             "engram_slots": 56, "engram_orders": 72}
+
+
+def parse_cact(data: bytes, where: str = "<bytes>", max_memory: int | None = None) -> CactFile:
     from .cact_check import check_data, check_header, check_record
     data = bytes(data)
     h, cfg, n, tokenized = check_header(data, where)
+    check_memory(cfg, max_memory, where, _FIELD_AT, CactFormatError)
     heads = _read_heads(data, where, cfg, n, tokenized)
     if dict(heads).get("contrastive_head"):       # the only header-less geometry field
         cfg = cfg.replace(contrastive_dim=dict(heads)["contrastive_head"])

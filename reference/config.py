@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field, fields
 
 MIB = 1024 * 1024
 ENGRAM_TAPS = 4          # causal dilated conv taps, fixed upstream
 CQ_GROUP = 128           # .cact quantisation group
+MAX_INT = 2 ** 31 - 1    # every integer field: an i32 (the .cact header stores u32)
+MAX_ENGRAM_ORDER = 64    # n-gram order (and Engram dilation); upstream uses 2 and 3
+MAX_ENGRAM_ORDERS = 16
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 class ConfigError(ValueError):
@@ -41,13 +46,13 @@ class V2Config:
     scan_unroll: int = 1
 
     def __init__(self, **fields_):
-        # Upstream's TransformerConfig ignores unknown keys; so do we.
+        # Upstream's TransformerConfig ignores unknown keys; so do we. Known keys are checked
+        # for type before anything derives from them (a string "8" would otherwise surface as
+        # a TypeError deep in a property).
         known = {f.name: f for f in fields(V2Config)}
         for name, f in known.items():
             value = fields_.get(name, f.default)
-            if name in ("engram_orders", "engram_layers"):
-                value = tuple(int(v) for v in value)
-            object.__setattr__(self, name, value)
+            object.__setattr__(self, name, _typed(name, value))
         self._validate()
 
     def _validate(self):
@@ -55,17 +60,27 @@ class V2Config:
             if not cond:
                 raise ConfigError(what)
         for name in ("vocab_size", "d_model", "num_heads", "num_kv_heads", "num_layers",
-                     "max_seq_len", "engram_slots", "mhc_lanes"):
+                     "max_seq_len", "engram_slots", "mhc_lanes", "scan_unroll"):
             v = getattr(self, name)
-            need(isinstance(v, int) and v >= 1, f"{name}={v!r} must be an integer >= 1")
+            need(v >= 1, f"{name}={v!r} must be an integer >= 1")
         need(self.attn_dim >= 0, f"attn_dim={self.attn_dim} must be >= 0")
+        need(self.num_heads <= self.attn_dim_eff,
+             f"num_heads={self.num_heads} must be <= attn_dim={self.attn_dim_eff}")
         need(self.attn_dim_eff % self.num_heads == 0,
              f"attn_dim={self.attn_dim_eff} must be a multiple of num_heads={self.num_heads}")
         need(self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even (half-split RoPE)")
         need(self.num_heads % self.num_kv_heads == 0,
              f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
-        need(len(self.engram_orders) >= 1 and min(self.engram_orders) >= 1,
-             f"engram_orders={self.engram_orders} must be non-empty and >= 1")
+        need(1 <= len(self.engram_orders) <= MAX_ENGRAM_ORDERS,
+             f"engram_orders={self.engram_orders} must hold 1..{MAX_ENGRAM_ORDERS} orders")
+        for i, order in enumerate(self.engram_orders):
+            # The hash of an order-o n-gram costs o steps per position and the taps reach
+            # 3*o back, so the order also scales every Engram window; upstream uses 2 and 3.
+            need(1 <= order <= MAX_ENGRAM_ORDER,
+                 f"engram_orders[{i}]={order} outside 1..{MAX_ENGRAM_ORDER}")
+        need(len(self.engram_layers) <= self.num_layers,
+             f"engram_layers has {len(self.engram_layers)} entries, more than num_layers="
+             f"{self.num_layers}")
         for s, layer in enumerate(self.engram_layers):
             need(0 <= layer < self.num_layers,
                  f"engram_layers[{s}]={layer} outside 0..num_layers-1={self.num_layers - 1}")
@@ -75,6 +90,12 @@ class V2Config:
         need(self.kv_window >= 0, f"kv_window={self.kv_window} must be >= 0")
         need(self.pad_token_id < self.vocab_size,
              f"pad_token_id={self.pad_token_id} must be < vocab_size={self.vocab_size}")
+        need(math.isfinite(self.rope_theta) and self.rope_theta > 0,
+             f"rope_theta={self.rope_theta!r} must be finite and > 0")
+        need(self.dtype in DTYPES, f"dtype={self.dtype!r} must be one of {DTYPES}")
+        for name in ("kv_bits", "act_bits"):
+            v = getattr(self, name)
+            need(0 <= v <= 32, f"{name}={v} outside 0..32")
 
     # ---- derived quantities (spec §a.2) ----
     @property
@@ -173,11 +194,16 @@ class V2Config:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "V2Config":
-        data = json.loads(text)
+    def from_json(cls, text, where: str = "config JSON") -> "V2Config":
+        """From JSON text (str or bytes), parsed with bounded nesting and number sizes."""
+        from .safe_io import parse_json
+        data = parse_json(text, where, ConfigError)
         if not isinstance(data, dict):
-            raise ConfigError(f"config JSON must be an object, got {type(data).__name__}")
-        return cls(**data)
+            raise ConfigError(f"{where}: must be a JSON object, got {type(data).__name__}")
+        try:
+            return cls(**data)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
 
     def replace(self, **changes) -> "V2Config":
         return V2Config(**{**self.to_dict(), **changes})
@@ -185,6 +211,43 @@ class V2Config:
     def geometry_diff(self, other: "V2Config") -> list:
         """Names of the fields (upstream's) on which two configs disagree."""
         return [f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+
+_BOOLS = ("flash", "remat")
+_STRS = ("dtype", "weight_bits")
+_SEQS = ("engram_orders", "engram_layers")
+
+
+def _typed(name: str, value):
+    """`value` as the field's type, or ConfigError naming the field, value and type."""
+    def bad(want):
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise ConfigError(f"field {name}={shown} ({type(value).__name__}) must be {want}")
+
+    def integer(v, label):
+        if isinstance(v, bool) or not isinstance(v, int):
+            bad(f"{label}an integer")
+        if not -MAX_INT <= v <= MAX_INT:
+            bad(f"{label}integers in -{MAX_INT}..{MAX_INT}" if label else
+                f"an integer in -{MAX_INT}..{MAX_INT}")
+        return v
+
+    if name in _BOOLS:
+        return value if isinstance(value, bool) else bad("true or false")
+    if name in _STRS:
+        return value if isinstance(value, str) and len(value) <= 64 else bad("a string")
+    if name == "rope_theta":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            bad("a number")
+        try:
+            return float(value)
+        except OverflowError:
+            bad("a finite number")
+    if name in _SEQS:
+        if not isinstance(value, (list, tuple)) or len(value) > 64:
+            bad("a list of at most 64 integers")
+        return tuple(integer(v, "a list of ") for v in value)
+    return integer(value, "")
 
 
 PRESETS = {

@@ -6,7 +6,6 @@ upstream parameters flattened this way loads unchanged. Training-only entries up
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
@@ -14,6 +13,8 @@ import struct
 import torch
 
 from .config import V2Config
+from .memory_budget import DEFAULT_MAX_MEMORY, check_memory
+from .safe_io import open_regular, parse_json
 
 BLOCK = "stack/layers/block"
 HEAD_PROBES = {"contrastive_head": 4, "confidence_head": 8}
@@ -168,6 +169,7 @@ def check_params(params: dict, cfg: V2Config, heads: bool | None = None) -> dict
 _ST_DTYPES = {"F32": (torch.float32, 4), "F64": (torch.float64, 8), "F16": (torch.float16, 2),
               "BF16": (torch.bfloat16, 2), "I64": (torch.int64, 8), "I32": (torch.int32, 4),
               "U8": (torch.uint8, 1), "BOOL": (torch.bool, 1)}
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 _MAX_HEADER = 100 * 1024 * 1024
 
 
@@ -180,31 +182,36 @@ def save_params(path, params: dict, cfg: V2Config | None = None, metadata: dict 
     save_file(tensors, os.fspath(path), metadata=meta)
 
 
-def read_safetensors_header(path) -> tuple:
+def read_safetensors_header(path, max_bytes: int | None = None) -> tuple:
     """Validate a safetensors file's framing before anything is allocated: (header, data_start).
 
-    Every declared dtype, shape and byte range is checked against the file size, so a
-    truncated or lying file raises ParamsError naming the tensor, field and offset.
+    The file must be a regular file of at most `max_bytes` (default: the memory budget, as
+    every tensor is read into memory); the header JSON is parsed with bounded nesting; every
+    declared dtype, shape and byte range is checked against the file size, and the ranges
+    must tile the data exactly (as safetensors writes them). A truncated or lying file raises
+    ParamsError naming the tensor, field and offset.
     """
-    path = os.fspath(path)
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ParamsError(f"{path}: file is {size} bytes; the 8-byte header length at "
-                              f"offset 0 is truncated")
-        (hlen,) = struct.unpack("<Q", head)
-        if hlen > min(_MAX_HEADER, size - 8):
-            raise ParamsError(f"{path}: header length {hlen} at offset 0 exceeds the "
-                              f"{size - 8} bytes after it (limit {_MAX_HEADER})")
-        raw = f.read(hlen)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ParamsError(f"{path}: header JSON at offset 8 is malformed: {e}") from None
+    f, size = open_regular(path, DEFAULT_MAX_MEMORY if max_bytes is None else max_bytes,
+                           ParamsError, "parameter file")
+    with f:
+        return _read_header(f, size, os.fspath(path))
+
+
+def _read_header(f, size: int, path: str) -> tuple:
+    head = f.read(8)
+    if len(head) < 8:
+        raise ParamsError(f"{path}: file is {size} bytes; the 8-byte header length at "
+                          f"offset 0 is truncated")
+    (hlen,) = struct.unpack("<Q", head)
+    if hlen > min(_MAX_HEADER, size - 8):
+        raise ParamsError(f"{path}: header length {hlen} at offset 0 exceeds the "
+                          f"{size - 8} bytes after it (limit {_MAX_HEADER})")
+    raw = f.read(hlen)
+    header = parse_json(raw, f"{path}: header", ParamsError, base=8)
     if not isinstance(header, dict):
         raise ParamsError(f"{path}: header at offset 8 is not a JSON object")
     data_start, data_len = 8 + hlen, size - 8 - hlen
+    spans = []
     for name, info in header.items():
         if name == "__metadata__":
             if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
@@ -216,10 +223,14 @@ def read_safetensors_header(path) -> tuple:
             raise ParamsError(f"{path}: tensor {name!r} field dtype={info['dtype']!r} "
                               f"is not one of {sorted(_ST_DTYPES)}")
         shape, offs = info["shape"], info["data_offsets"]
-        if not (isinstance(shape, list) and all(isinstance(x, int) and x >= 0 for x in shape)):
-            raise ParamsError(f"{path}: tensor {name!r} field shape={shape!r} is invalid")
+        if not (isinstance(shape, list) and len(shape) <= 8
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                        for x in shape)):
+            raise ParamsError(f"{path}: tensor {name!r} field shape={shape!r} is invalid "
+                              f"(at most 8 non-negative integers)")
         if not (isinstance(offs, list) and len(offs) == 2
-                and all(isinstance(x, int) for x in offs) and 0 <= offs[0] <= offs[1]):
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in offs)
+                and 0 <= offs[0] <= offs[1]):
             raise ParamsError(f"{path}: tensor {name!r} field data_offsets={offs!r} is invalid")
         nbytes = math.prod(shape) * _ST_DTYPES[info["dtype"]][1]
         if offs[1] - offs[0] != nbytes:
@@ -229,29 +240,83 @@ def read_safetensors_header(path) -> tuple:
             raise ParamsError(f"{path}: tensor {name!r} data_offsets end {offs[1]} "
                               f"(file offset {data_start + offs[1]}) is past the end of the "
                               f"file ({size} bytes)")
+        spans.append((offs[0], offs[1], name))
+    end = 0
+    for lo, hi, name in sorted(spans):
+        if lo != end:
+            raise ParamsError(f"{path}: tensor {name!r} data starts at file offset "
+                              f"{data_start + lo}, not at {data_start + end} where the previous "
+                              f"one ends (tensors must tile the data, no gaps or overlaps)")
+        end = hi
+    if end != data_len:
+        raise ParamsError(f"{path}: {data_len - end} bytes at file offset {data_start + end} "
+                          f"follow the last tensor")
     return header, data_start
 
 
-def load_safetensors(path) -> tuple:
-    """(tensors, metadata) after the framing check above."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-    header, _ = read_safetensors_header(path)
-    try:
-        tensors = load_file(os.fspath(path))
-    except SafetensorError as e:
-        raise ParamsError(f"{os.fspath(path)}: {e}") from None
+def _read_tensor(f, path: str, name: str, info: dict, data_start: int) -> torch.Tensor:
+    dtype, _ = _ST_DTYPES[info["dtype"]]
+    lo, hi = info["data_offsets"]
+    buf = torch.empty(hi - lo, dtype=torch.uint8)
+    f.seek(data_start + lo)
+    if hi > lo and f.readinto(buf.numpy()) != hi - lo:
+        raise ParamsError(f"{path}: tensor {name!r} is truncated at file offset {data_start + lo}"
+                          f" (the file shrank while being read)")
+    return buf.view(dtype).reshape(info["shape"])
+
+
+def load_safetensors(path, max_bytes: int | None = None, names=None) -> tuple:
+    """(tensors, metadata) after the framing check above; no pickle, no mmap of the path.
+
+    `names`: read only these tensors (the others are framed but never allocated). The V4.1
+    fixture loader can call this in place of safetensors' load_file."""
+    path_s = os.fspath(path)
+    f, size = open_regular(path, DEFAULT_MAX_MEMORY if max_bytes is None else max_bytes,
+                           ParamsError, "safetensors file")
+    with f:
+        header, data_start = _read_header(f, size, path_s)
+        tensors = {name: _read_tensor(f, path_s, name, info, data_start)
+                   for name, info in header.items()
+                   if name != "__metadata__" and (names is None or name in names)}
     return tensors, dict(header.get("__metadata__", {}))
 
 
-def load_params(path, cfg: V2Config | None = None) -> tuple:
-    """(params, cfg): the config comes from the file's metadata unless given."""
-    tensors, meta = load_safetensors(path)
+def check_values(params: dict, where: str) -> None:
+    """Parameters read from a file: floating point and finite, as the .cact reader demands.
+    An integer or bool tensor of the right shape is refused, not silently cast."""
+    for key, t in params.items():
+        if not t.dtype.is_floating_point:
+            raise ParamsError(f"{where}: parameter {key!r} has dtype {t.dtype}; parameters "
+                              f"must be floating point (F16, BF16, F32, F64)")
+        bad = ~torch.isfinite(t)
+        if bad.any():
+            k = int(bad.reshape(-1).nonzero()[0])
+            raise ParamsError(f"{where}: parameter {key!r} value [{k}] (flat index) = "
+                              f"{float(t.reshape(-1)[k])} is not finite")
+
+
+def load_params(path, cfg: V2Config | None = None, max_memory: int | None = None) -> tuple:
+    """(params, cfg): the config comes from the file's metadata unless given. The geometry is
+    checked against the memory budget (`max_memory`, default DEFAULT_MAX_MEMORY) before any
+    tensor is read."""
+    where = os.fspath(path)
+    budget = DEFAULT_MAX_MEMORY if max_memory is None else max_memory
+    header, _ = read_safetensors_header(path, budget)
+    meta = header.get("__metadata__", {})
     if cfg is None:
         if "needle_config" not in meta:
-            raise ParamsError(f"{os.fspath(path)}: no needle_config in the metadata; "
+            raise ParamsError(f"{where}: no needle_config in the metadata; "
                               f"pass the config explicitly")
-        cfg = V2Config.from_json(meta["needle_config"])
+        cfg = V2Config.from_json(meta["needle_config"], f"{where}: metadata needle_config")
+    check_memory(cfg, budget, where)
+    want = param_shapes(cfg, heads=all(f"{k}/probes" in header for k in HEAD_PROBES))
+    for key in want:
+        info = header.get(key)
+        if isinstance(info, dict) and info["dtype"] not in _FLOAT_DTYPES:
+            raise ParamsError(f"{where}: parameter {key!r} has dtype {info['dtype']}; "
+                              f"parameters must be one of {_FLOAT_DTYPES} (not cast silently)")
+    tensors, _ = load_safetensors(path, budget, names=set(want))
+    check_values(tensors, where)
     # Half-precision files compute in float32; float64 files stay float64 (the arbiter).
     params = check_params({k: v.float() if v.dtype in (torch.float16, torch.bfloat16) else v
                            for k, v in tensors.items()}, cfg)

@@ -48,6 +48,9 @@ class Tokenizer:
                 raise ValueError(f"{name}={getattr(self, name)} is outside 0..{n - 1}")
         self.piece_id = {}
         for i, p in enumerate(self.pieces):
+            if not isinstance(p, str) or not p:
+                raise ValueError(f"piece {p!r} at id {i} must be a non-empty string (an empty "
+                                 f"piece matches at every position)")
             if p in self.piece_id:
                 raise ValueError(f"piece {p!r} at id {i} repeats id {self.piece_id[p]}")
             self.piece_id[p] = i
@@ -95,6 +98,9 @@ class Tokenizer:
                 raise TokenizerFormatError(f"piece {i}: score={score} is not finite",
                                            f"piece[{i}].score", off)
             start = off + _REC.size
+            if length == 0:      # an empty marker matches everywhere: encode() would not end
+                raise TokenizerFormatError(f"piece {i}: len=0; a piece must not be empty",
+                                           f"piece[{i}].len", off + 5)
             if start + length > len(blob):
                 raise TokenizerFormatError(f"piece {i}: len={length} runs past the end of the "
                                            f"{len(blob)}-byte blob", f"piece[{i}].len", off + 5)

@@ -1,0 +1,98 @@
+"""What a needle v2 geometry makes a run allocate, checked against a budget before allocating.
+
+Header and config fields drive allocations directly: the port precomputes RoPE angles for every
+position up to `max_seq_len`, a full-causal KV ring holds `max_seq_len` slots per layer, the
+Engram value ring reaches (taps - 1) * dilation positions back, and the parameter tensors follow
+vocab_size, d_model, engram_slots... A 94 KB file can declare tens of gigabytes. `check_memory`
+adds up those allocations (float32, one copy of each) and refuses a geometry whose total exceeds
+the budget, naming the largest term, its field and value.
+
+The budget is DEFAULT_MAX_MEMORY unless the caller passes one (`--max-memory` in the CLIs). The
+estimate is of one model's tables; a ladder run holds the parameters a few times over (the
+reference, the port, a float64 arbiter), so its resident set is a small multiple of the
+estimate: the shipped geometry estimates ~0.3 GB and a ladder run on it stays near 1.5 GB.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from .config import ConfigError, V2Config
+
+GIB = 1 << 30
+DEFAULT_MAX_MEMORY = 2 * GIB
+F32 = 4
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+          "MB": 1 << 20, "MIB": 1 << 20, "G": GIB, "GB": GIB, "GIB": GIB, "T": 1 << 40,
+          "TB": 1 << 40, "TIB": 1 << 40}
+
+
+class MemoryBudgetError(ConfigError):
+    """A geometry whose tables would not fit the memory budget (names the field and bytes)."""
+
+
+def parse_size(text: str) -> int:
+    """'2G', '512M', '1.5GiB', '1000000' -> bytes (binary units). ValueError otherwise."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).upper() not in _UNITS or len(m.group(1)) > 20:
+        raise ValueError(f"memory size {text!r} must be a number with an optional unit "
+                         f"K, M, G or T (binary), e.g. 2G")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if n < 1:
+        raise ValueError(f"memory size {text!r} must be at least 1 byte")
+    return n
+
+
+def cli_size(text: str) -> int:
+    """argparse `type=` for --max-memory: parse_size with argparse's error (exit 2, one line)."""
+    import argparse
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def implied_bytes(cfg: V2Config) -> dict:
+    """{term: (bytes, field it follows, formula)} for the allocations the geometry implies."""
+    from .params import param_shapes
+    hd, L = cfg.head_dim, cfg.num_layers
+    params = sum(math.prod(s) for s in param_shapes(cfg, heads=True).values()) * F32
+    ring = (cfg.engram_taps - 1) * cfg.engram_dilation + 1
+    window = cfg.engram_hist_window + cfg.max_seq_len
+    return {
+        "parameters": (params, "vocab_size/d_model/num_layers/engram_slots",
+                       "every parameter tensor, float32"),
+        "RoPE tables": (3 * cfg.max_seq_len * (hd // 2) * F32, "max_seq_len",
+                        "angles, cos, sin: 3 x max_seq_len x head_dim/2 x 4 bytes"),
+        "KV cache": (2 * L * cfg.num_kv_heads * cfg.max_seq_len * hd * F32, "max_seq_len",
+                     "K and V: 2 x num_layers x num_kv_heads x max_seq_len x head_dim x 4 "
+                     "bytes (full causal)"),
+        "Engram value ring": (cfg.num_sites * ring * cfg.d_model * F32, "engram_orders",
+                              "sites x ((taps-1) x dilation + 1) x d_model x 4 bytes"),
+        "Engram window": (window * (cfg.engram_fetched + 3 * cfg.d_model + 3 * cfg.engram_tables)
+                          * F32, "engram_orders/max_seq_len",
+                          "(taps x dilation + max_seq_len) x (fetched + 3 d_model + 3 tables) "
+                          "x 4 bytes, one Engram pass"),
+    }
+
+
+def _fmt(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / (1 << 20):.1f} MiB"
+
+
+def check_memory(cfg: V2Config, budget: int | None = None, where: str = "config",
+                 offsets: dict | None = None, error=MemoryBudgetError) -> int:
+    """Total implied bytes, or `error` naming the largest term when the total exceeds `budget`
+    (DEFAULT_MAX_MEMORY when None). `offsets` maps a field to its byte offset in the file."""
+    budget = DEFAULT_MAX_MEMORY if budget is None else int(budget)
+    terms = implied_bytes(cfg)
+    total = sum(b for b, _, _ in terms.values())
+    if total <= budget:
+        return total
+    name, (nbytes, fld, formula) = max(terms.items(), key=lambda kv: kv[1][0])
+    values = ", ".join(f"{f}={getattr(cfg, f)!r}" for f in fld.split("/") if hasattr(cfg, f))
+    at = "".join(f" ({f} at byte {offsets[f]})" for f in fld.split("/")
+                 if offsets and f in offsets)
+    raise error(f"{where}: the geometry implies {_fmt(total)} of tables, over the memory "
+                f"budget of {_fmt(budget)} (--max-memory); the largest is the {name}, "
+                f"{_fmt(nbytes)} from {values}{at} ({formula})")

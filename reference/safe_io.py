@@ -1,0 +1,194 @@
+"""Reading files the project did not write: regular files only, capped reads, bounded parsing.
+
+Every reader of a user-supplied file (.cact, parameter safetensors, fixture manifests, rules,
+configs carried in metadata) goes through these functions, in this order:
+
+    open_regular(path, limit)      refuses FIFOs, devices, directories (a link to /dev/zero
+                                   reports size 0 and then never ends), and files over `limit`
+    read_capped(path, limit)       the bytes, never more than `limit` however the file grows
+    parse_json(raw, where)         nesting and number lengths checked by a linear pre-scan
+    parse_toml(raw, where)         the same pre-scan for TOML (dotted keys nest too)
+
+Each takes `error`, the caller's exception class, so a .cact reader raises CactFormatError and
+a rules loader RulesError; the message always names the file, the byte offset where there is
+one, the value and the limit. The C json scanner recurses per nesting level and tomllib's memory
+grows quadratically with dotted-key depth, so both limits are enforced *before* parsing.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+
+MAX_DEPTH = 64              # nesting of arrays/objects/tables; the project's files use <= 4
+MAX_NUMBER_CHARS = 64       # a float64 needs <= 25 characters, an int64 <= 20
+MAX_KEY_DOTS = 32           # a TOML key a.b.c has 2; nothing the project reads has more than 1
+
+
+class InputFileError(ValueError):
+    """A file refused before or while reading it (names the file, the value and the limit)."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path, limit: int, error=InputFileError, what: str = "file"):
+    """(binary file object, size) for a regular file of at most `limit` bytes.
+
+    O_NONBLOCK keeps a FIFO from blocking open() forever; the type is checked on the open
+    descriptor, so a path swapped after the check cannot slip a device in."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except IsADirectoryError:
+        raise error(f"{path}: {what} is a directory, not a regular file") from None
+    except OSError as e:
+        raise error(f"{path}: cannot open {what}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{path}: {what} is {_kind(st.st_mode)}, not a regular file; refused "
+                        f"before reading")
+        if st.st_size > limit:
+            raise error(f"{path}: {st.st_size} bytes exceeds the {what} limit {limit}")
+        if hasattr(os, "O_NONBLOCK"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_capped(path, limit: int, error=InputFileError, what: str = "file") -> bytes:
+    """The whole of a regular file of at most `limit` bytes (read at most limit + 1 bytes, so a
+    file that grows while it is read is refused, not followed)."""
+    f, _ = open_regular(path, limit, error, what)
+    with f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{os.fspath(path)}: {what} grew past the limit {limit} while being read")
+    return data
+
+
+# ---------------------------------------------------------------- JSON
+# One alternation: a string (skipped whole, so brackets and digits inside it do not count), a
+# bracket, or a run of number characters.
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]|[-+0-9.eE]+')
+
+
+def check_json_bounds(raw: bytes, where: str, error=InputFileError, max_depth: int = MAX_DEPTH,
+                      max_number: int = MAX_NUMBER_CHARS, base: int = 0):
+    """Refuse nesting deeper than `max_depth` and number literals longer than `max_number`
+    characters, naming the byte offset (`base` is added: the text's offset in its file)."""
+    depth = 0
+    for m in _JSON_TOKENS.finditer(raw):
+        c = raw[m.start()]
+        if c in b"[{":
+            depth += 1
+            if depth > max_depth:
+                raise error(f"{where}: JSON nesting depth {depth} at byte {base + m.start()} "
+                            f"exceeds the limit {max_depth}")
+        elif c in b"]}":
+            depth -= 1
+        elif c != ord('"') and m.end() - m.start() > max_number:
+            raise error(f"{where}: number literal of {m.end() - m.start()} characters at byte "
+                        f"{base + m.start()} exceeds the limit {max_number}")
+
+
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text):
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"number {text} overflows a float64")
+    return v
+
+
+def parse_json(raw, where: str, error=InputFileError, base: int = 0):
+    """JSON from bytes or str after the bounds pre-scan. NaN/Infinity (not JSON) and floats
+    that overflow to inf are refused."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    check_json_bounds(raw, where, error, base=base)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{where}: not UTF-8 at byte {base + e.start}") from None
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except json.JSONDecodeError as e:
+        at = base + len(text[:e.pos].encode("utf-8", "surrogatepass"))
+        raise error(f"{where}: malformed JSON at line {e.lineno} column {e.colno} "
+                    f"(offset {at}): {e.msg}") from None
+    except (ValueError, RecursionError) as e:      # the hooks above; a guard, not a path
+        raise error(f"{where}: malformed JSON: {e}") from None
+
+
+def load_json(path, limit: int, error=InputFileError, what: str = "JSON file"):
+    """read_capped + parse_json: what the V4.1 fixture loader should call instead of json.load."""
+    return parse_json(read_capped(path, limit, error, what), os.fspath(path), error)
+
+
+# ---------------------------------------------------------------- TOML
+_TOML_STRINGS = re.compile(rb'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"'
+                           rb"|'[^'\n]*'|#[^\n]*", re.S)
+_TOML_DIGITS = re.compile(rb"[0-9][0-9_]*")
+
+
+def check_toml_bounds(raw: bytes, where: str, error=InputFileError, max_depth: int = MAX_DEPTH,
+                      max_dots: int = MAX_KEY_DOTS, max_number: int = MAX_NUMBER_CHARS):
+    """The TOML counterpart of check_json_bounds. Strings and comments are blanked first (same
+    length, so offsets still hold); then each key's dots, the bracket nesting, and every digit
+    run are counted. Linear in the file size."""
+    blank = _TOML_STRINGS.sub(lambda m: b'"' + b"x" * (m.end() - m.start() - 2) + b'"'
+                              if m.group().startswith((b'"', b"'")) else b" " * len(m.group()),
+                              raw)
+    depth = 0
+    for m in re.finditer(rb"[\[\]{}]", blank):
+        if blank[m.start()] in b"[{":
+            depth += 1
+            if depth > max_depth:
+                raise error(f"{where}: TOML nesting depth {depth} at byte {m.start()} exceeds "
+                            f"the limit {max_depth}")
+        else:
+            depth -= 1
+    # A key ends at '=' (or ']' for a table header); separators ',', '{', '[' and newlines
+    # start the next one. Counting dots between separators bounds every key's depth.
+    pos = 0
+    for piece in re.split(rb"[=,{}\[\]\n]", blank):
+        dots = piece.count(b".")
+        if dots > max_dots:
+            raise error(f"{where}: TOML key with {dots} dotted levels at byte "
+                        f"{pos + piece.index(b'.')} exceeds the limit {max_dots}")
+        pos += len(piece) + 1
+    for m in _TOML_DIGITS.finditer(blank):
+        if m.end() - m.start() > max_number:
+            raise error(f"{where}: number literal of {m.end() - m.start()} characters at byte "
+                        f"{m.start()} exceeds the limit {max_number}")
+
+
+def parse_toml(raw: bytes, where: str, error=InputFileError) -> dict:
+    """TOML (Python 3.11+'s tomllib) from bytes after the bounds pre-scan."""
+    try:
+        import tomllib
+    except ImportError:
+        raise error(f"{where}: TOML needs Python 3.11+ (tomllib); use JSON") from None
+    check_toml_bounds(raw, where, error)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{where}: not UTF-8 at byte {e.start}") from None
+    try:
+        return tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as e:
+        raise error(f"{where}: malformed TOML: {e}") from None

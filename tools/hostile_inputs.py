@@ -1,0 +1,295 @@
+"""Issue #16's hostile input files, each run through the CLI under hard limits, as a table.
+
+    python tools/hostile_inputs.py [--only NAME ...] [--pythonpath DIR] [--timeout 60]
+                                   [--max-as 4G] [--json OUT]
+
+Builds every case of the issue in a temporary directory (a .cact whose header declares a huge
+max_seq_len or Engram dilation, links to /dev/zero, FIFOs, a 50,000-level dotted TOML key, an
+empty tokenizer piece, NaN / integer / bool parameters, rope_theta <= 0, ...) and runs the
+command each one reaches (`python -m ladder run ...` mostly) in a child process with an
+address-space limit (--max-as) and a CPU-time limit, so that a regression cannot take a shared
+machine down. Reports per case: exit status, wall time, peak resident set (wait4's ru_maxrss),
+whether a traceback was printed, and the last line of stderr. The project's contract is exit 2,
+one line, no traceback, well under the limits.
+
+--pythonpath runs the CLI from another source tree (e.g. an export of an older commit) against
+the same files: the "before" column of the issue's table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+CACT = os.path.join(ROOT, "tests", "fixtures", "cact_w2.cact")
+FIXTURE = os.path.join(ROOT, "tests", "fixtures", "v2_forward_vectors")
+LADDER = [sys.executable, "-m", "ladder", "run", "--steps", "2", "--prompt-len", "2",
+          "--no-check-plain"]
+HEADER_AT = {"kv_window": 12, "max_seq_len": 44, "engram_conv_dilation": 72,
+             "engram_orders[1]": 84}
+
+
+def patched_cact(tmp, name, **fields) -> str:
+    data = bytearray(open(CACT, "rb").read())
+    for field, value in fields.items():
+        struct.pack_into("<I", data, HEADER_AT[field], value)
+    path = os.path.join(tmp, name + ".cact")
+    open(path, "wb").write(bytes(data))
+    return path
+
+
+def params_file(tmp, name, tensors=None, cfg_json=None, cfg_change=None, header=None) -> str:
+    """A parameter safetensors file (tiny preset unless changed); `header` writes raw bytes."""
+    import torch
+    from safetensors.torch import save_file
+    from reference.config import V2Config
+    from reference.params import init_params
+    path = os.path.join(tmp, name + ".safetensors")
+    if header is not None:
+        open(path, "wb").write(struct.pack("<Q", len(header)) + header)
+        return path
+    cfg = V2Config.preset("tiny")
+    params = init_params(cfg, 0, perturbed=True)
+    for key, fn in (tensors or {}).items():
+        params[key] = fn(params[key])
+    meta = cfg.to_dict()
+    meta.update(cfg_change or {})
+    text = cfg_json if cfg_json is not None else json.dumps(meta)
+    save_file({k: v.contiguous() for k, v in params.items()}, path,
+              metadata={"needle_config": text})
+    del torch
+    return path
+
+
+def rules_file(tmp, name, text) -> str:
+    path = os.path.join(tmp, name)
+    open(path, "w").write(text)
+    return path
+
+
+def link(tmp, name, target) -> str:
+    path = os.path.join(tmp, name)
+    os.symlink(target, path)
+    return path
+
+
+def fifo(tmp, name) -> str:
+    path = os.path.join(tmp, name)
+    os.mkfifo(path)
+    return path
+
+
+def fixture_copy(tmp, name, change=None, json_target=None) -> str:
+    """A copy of the committed fixture; `change(manifest)` edits it, `json_target` links the
+    .json to a device instead."""
+    stem = os.path.join(tmp, name)
+    os.symlink(FIXTURE + ".safetensors", stem + ".safetensors")
+    if json_target:
+        os.symlink(json_target, stem + ".json")
+        return stem
+    m = json.load(open(FIXTURE + ".json"))
+    if change:
+        change(m)
+    open(stem + ".json", "w").write(json.dumps(m))
+    return stem
+
+
+def cases(tmp) -> list:
+    """(name, argv) for every case of the issue, in its order."""
+    import torch
+    from ladder.rules import DEFAULT_RULES, dump_rules
+    c = []
+    cact = lambda name, **f: LADDER + ["--cact", patched_cact(tmp, name, **f)]
+    c.append(("cact max_seq_len=2^26", cact("seq26", max_seq_len=2 ** 26)))
+    c.append(("cact max_seq_len=2^28", cact("seq28", max_seq_len=2 ** 28)))
+    c.append(("cact Engram dilation 10^7", cact("dil", engram_conv_dilation=10 ** 7,
+                                                **{"engram_orders[1]": 10 ** 7})))
+    c.append(("params Engram dilation 10^7", LADDER + ["--params", params_file(
+        tmp, "dil", cfg_change={"engram_orders": [2, 10 ** 7]})]))
+    c.append(("cact max_seq_len=kv_window=2e6", cact("win", max_seq_len=2 * 10 ** 6,
+                                                     kv_window=2 * 10 ** 6)))
+    c.append(("cact max_seq_len=10^8", cact("seq8", max_seq_len=10 ** 8)))
+    c.append(("cact -> /dev/zero", LADDER + ["--cact", link(tmp, "zero.cact", "/dev/zero")]))
+    c.append(("cact -> /dev/urandom", LADDER + ["--cact", link(tmp, "rnd.cact", "/dev/urandom")]))
+    c.append(("rules -> /dev/zero", LADDER + ["--rules", link(tmp, "zero.toml", "/dev/zero")]))
+    c.append(("manifest -> /dev/zero", LADDER + ["--fixture", fixture_copy(
+        tmp, "fxzero", json_target="/dev/zero")]))
+    c.append(("FIFO --cact", LADDER + ["--cact", fifo(tmp, "f.cact")]))
+    c.append(("FIFO --params", LADDER + ["--params", fifo(tmp, "f.safetensors")]))
+    c.append(("FIFO --rules", LADDER + ["--rules", fifo(tmp, "f.toml")]))
+    c.append(("FIFO --fixture", LADDER + ["--fixture", fixture_copy(
+        tmp, "fxfifo", json_target=fifo(tmp, "fifo.json"))]))
+    c.append(("directory --params", LADDER + ["--params", tmp]))
+    c.append(("rules TOML key 50,000 levels", LADDER + ["--rules", rules_file(
+        tmp, "deep.toml", "a" + ".a" * 50000 + " = 1\n")]))
+    c.append(("tokenizer empty marker piece", [sys.executable, __file__, "--encode",
+                                              empty_piece_cact(tmp)]))
+    c.append(("JSON header nesting 10^5", LADDER + ["--params", params_file(
+        tmp, "deep", header=b"[" * 100000 + b"]" * 100000)]))
+    c.append(("JSON header 5000-digit int", LADDER + ["--params", params_file(
+        tmp, "longint", header=b'{"t": {"dtype": "F32", "shape": [' + b"9" * 5000
+        + b'], "data_offsets": [0, 0]}}')]))
+    c.append(("needle_config not JSON", LADDER + ["--params", params_file(
+        tmp, "notjson", cfg_json="{not json")]))
+    c.append(('config kv_window="8"', LADDER + ["--params", params_file(
+        tmp, "typed", cfg_change={"kv_window": "8"})]))
+    d = DEFAULT_RULES.to_dict()
+    d["rules"] = [r for r in d["rules"] if not r["pattern"].startswith("arbiter/")]
+    c.append(("rules without arbiter/*, --fixture", LADDER + ["--fixture", FIXTURE, "--rules",
+                                                             rules_file(tmp, "noarb.json",
+                                                                        json.dumps(d))]))
+    c.append(("rules rtol = 10**30 (int)", LADDER + ["--rules", rules_file(
+        tmp, "bigint.json", '{"rules": {"*": ' + "1" + "0" * 30 + "}}")]))
+    c.append(("rules rtol = 1e308", LADDER + ["--rules", rules_file(
+        tmp, "huge.json", '{"rules": {"*": 1e308}}')]))
+    c.append(("manifest kv_window = 2**70", LADDER + ["--fixture", fixture_copy(
+        tmp, "fxwin", change=lambda m: m["schedule"].update(kv_window=2 ** 70))]))
+    nan = lambda t: t.index_fill(0, torch.tensor([0]), float("nan"))
+    c.append(("params NaN", LADDER + ["--params", params_file(
+        tmp, "nan", tensors={"stack/final_norm/scale": nan})]))
+    c.append(("params Inf", LADDER + ["--params", params_file(
+        tmp, "inf", tensors={"stack/final_norm/scale": lambda t: t + float("inf")})]))
+    c.append(("params int64 tensor", LADDER + ["--params", params_file(
+        tmp, "int", tensors={"stack/final_norm/scale": lambda t: t.round().long()})]))
+    c.append(("params all bool", LADDER + ["--params", params_file(
+        tmp, "bool", tensors={k: (lambda t: t > 0) for k in _tiny_keys()})]))
+    c.append(("params rope_theta = 0", LADDER + ["--params", params_file(
+        tmp, "theta0", cfg_change={"rope_theta": 0.0})]))
+    c.append(("params rope_theta = NaN", LADDER + ["--params", params_file(
+        tmp, "thetanan", cfg_json=json.dumps({"rope_theta": 1.0})[:-1].replace("1.0", "NaN")
+        + "}")]))
+    c.append(("legit: tiny preset", LADDER))
+    return c
+
+
+def _tiny_keys():
+    from reference.config import V2Config
+    from reference.params import param_shapes
+    return list(param_shapes(V2Config.preset("tiny")))
+
+
+def empty_piece_blob(blob: bytes, index: int) -> bytes:
+    """A tokenizer blob with piece `index` emptied (its length set to 0, its text removed)."""
+    from reference.tokenizer import _HEAD, _REC
+    off = _HEAD.size
+    for _ in range(index):
+        off += _REC.size + _REC.unpack_from(blob, off)[2]
+    score, kind, length = _REC.unpack_from(blob, off)
+    return blob[:off] + _REC.pack(score, kind, 0) + blob[off + _REC.size + length:]
+
+
+def empty_piece_cact(tmp) -> str:
+    """A tiny .cact whose tokenizer's USER_DEFINED piece 4 is empty (framing otherwise valid)."""
+    from reference.cact import _RECORD, DIRECTORY_AT, build_cact
+    from reference.config import V2Config
+    from reference.params import init_params
+    from reference.tokenizer import Tokenizer
+    cfg = V2Config.preset("tiny")
+    pieces = ["<pad>", "</s>", "<s>", "<unk>", "<m>"] + [f"p{i}" for i in range(cfg.vocab_size - 5)]
+    tok = Tokenizer(pieces, [0.0] * len(pieces), [2, 2, 2, 1, 3] + [0] * (len(pieces) - 5))
+    f = build_cact(init_params(cfg, 0), cfg, tokenizer=tok)
+    data, slot = f.to_bytes(), f.slots[-1]
+    blob = empty_piece_blob(tok.to_blob(), 4)
+    at = DIRECTORY_AT + _RECORD.size * slot.index + 28          # the RAW slot's nbytes
+    data = data[:at] + struct.pack("<Q", len(blob)) + data[at + 8:slot.offset] + blob
+    path = os.path.join(tmp, "emptypiece.cact")
+    open(path, "wb").write(data)
+    return path
+
+
+def _encode(path) -> int:
+    """Read a .cact and encode with its tokenizer: exit 2 and one line if the reader refuses."""
+    from reference.cact import read_cact
+    try:
+        f = read_cact(path)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f.tokenizer.encode("hello <m> world"))
+    return 0
+
+
+def _limits(max_as: int, cpu: int):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_AS, (max_as, max_as))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    return apply
+
+
+def run(argv, env, timeout: float, max_as: int) -> dict:
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=_limits(max_as, int(timeout) + 30), start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        out, err = p.communicate()
+        timed_out = True
+    wall = time.perf_counter() - t0
+    # Popen reaped the child; RUSAGE_CHILDREN's max is monotone, so run cases one per process
+    # (main() does) or read it right after each: here it is the max so far.
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    err = err.decode("utf-8", "replace")
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    return {"rc": "timeout" if timed_out else p.returncode, "seconds": round(wall, 2),
+            "peak_rss_mb": round(rss), "traceback": "Traceback" in err,
+            "stderr_lines": len(lines), "last": lines[-1][:160] if lines else ""}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="*", help="substrings of case names to run")
+    ap.add_argument("--pythonpath", default=ROOT, help="source tree the CLI runs from")
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--max-as", default="4G", help="address-space limit per case")
+    ap.add_argument("--one", help=argparse.SUPPRESS)      # internal: run one case, print JSON
+    ap.add_argument("--encode", help=argparse.SUPPRESS)   # internal: the tokenizer case
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    if args.encode:
+        return _encode(args.encode)
+    from reference.memory_budget import parse_size
+    env = dict(os.environ, PYTHONPATH=args.pythonpath)
+    with tempfile.TemporaryDirectory() as tmp:
+        todo = cases(tmp)
+        if args.one is not None:
+            name, cmd = todo[int(args.one)]
+            print(json.dumps(run(cmd, env, args.timeout, parse_size(args.max_as))))
+            return 0
+        rows = []
+        print(f"| case | exit | seconds | peak RSS MB | traceback | stderr (last line) |")
+        print("|---|---|---|---|---|---|")
+        for i, (name, _) in enumerate(todo):
+            if args.only and not any(s in name for s in args.only):
+                continue
+            # One wrapper process per case so that RUSAGE_CHILDREN is that case's alone.
+            res = subprocess.run([sys.executable, __file__, "--one", str(i), "--pythonpath",
+                                  args.pythonpath, "--timeout", str(args.timeout), "--max-as",
+                                  args.max_as], capture_output=True, text=True, cwd=ROOT)
+            try:
+                r = json.loads(res.stdout.strip().splitlines()[-1])
+            except (IndexError, json.JSONDecodeError):
+                r = {"rc": "harness", "seconds": 0, "peak_rss_mb": 0, "traceback": True,
+                     "last": res.stderr.strip().splitlines()[-1:]}
+            rows.append({"case": name, **r})
+            print(f"| {name} | {r['rc']} | {r['seconds']} | {r['peak_rss_mb']} | "
+                  f"{'yes' if r['traceback'] else 'no'} | {str(r['last'])[:110]} |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
