@@ -190,7 +190,8 @@ def check(args) -> None:
         _regen_flags(args)
         return
     _port_flags(args)
-    _fixture_flag(args)
+    if getattr(args, "model", "needle_v2") == "needle_v2":   # attn_v41 reads its own fixture
+        _fixture_flag(args)
     if args.cmd == "report":
         _report_flags(args)
 
