@@ -122,7 +122,8 @@ def _port_flags(args) -> None:
     try:
         dev = torch.device(args.device)
     except RuntimeError as e:
-        _fail(f"--device {args.device}: {e}")
+        _fail(f"--device {args.device}: not a device torch knows (device={args.device!r}: "
+              f"{e}); e.g. cpu, cuda, cuda:1")
     if dev.type == "cuda" and not torch.cuda.is_available():
         _fail(f"--device {args.device}: torch.cuda.is_available() is False here (torch "
               f"{torch.__version__}); use --device cpu")

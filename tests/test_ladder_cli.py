@@ -83,7 +83,7 @@ def test_bad_input_exits_2_naming_the_value(tmp_path, capsys):
                                                          "fixture, 4 in the model"),
         (["--fixture", str(tmp_path / "none")], f"--fixture {tmp_path / 'none'}: no none.json"),
         (["--window", "9", "--no-check-plain"], "--window 9: must lie in 1..8"),
-        (["--device", "nonsense"], "--device nonsense: Expected one of cpu"),
+        (["--device", "nonsense"], "--device nonsense: not a device torch knows"),
     ]
     for argv, msg in cases:
         rc, text = run("run", *argv)
