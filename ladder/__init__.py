@@ -12,5 +12,29 @@
     faults.py    planted port faults, for tests
     cli.py       `python -m ladder run | locate | report | regen | rules`
 
-Submodules are imported on demand: `ladder.rules` stays light for reference/.
+The public names below are imported on first use, so `ladder.rules` stays light.
+
+    from ladder import capture_reference, capture_port, compare_ladders, load_rules
 """
+from importlib import import_module
+
+_LAZY = {
+    "Ladder": "trace", "TraceError": "trace",
+    "capture_reference": "capture", "capture_port": "capture",
+    "compare_ladders": "compare", "Comparison": "compare", "CompareError": "compare",
+    # the first-divergence search is `ladder.locate.locate`: its module owns the name
+    "Rule": "rules", "RuleSet": "rules", "RulesError": "rules", "DEFAULT_RULES": "rules",
+    "load_rules": "rules", "dump_rules": "rules",
+    "write_report": "report",
+    "load_fixture": ("fixtures", "load"), "FixtureError": "fixtures",
+    "main": "cli",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        mod, attr = _LAZY[name] if isinstance(_LAZY[name], tuple) else (_LAZY[name], name)
+        return getattr(import_module(f".{mod}", __name__), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

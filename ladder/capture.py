@@ -2,7 +2,7 @@
 
 Both runners can also prove that tracing changed nothing: the same schedule run plainly
 (`forward_cached(trace=None)`; the port's `prefill_batch` + `step`) must give the same logits
-and caches bit for bit, or TraceError names the step (DESIGN.md: checked before any fixture
+and caches bit for bit, or TraceError names the step (docs/design.md: checked before any fixture
 is written, and by `python -m ladder run`).
 """
 from __future__ import annotations

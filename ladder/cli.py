@@ -22,6 +22,7 @@ import time
 import torch
 
 from . import fixtures
+from .args import check as check_args, check_model, schedule_note
 from .capture import capture_port, capture_reference
 from .compare import CompareError, compare_ladders
 from .progress import bar
@@ -133,6 +134,7 @@ def compare_run(args, out=print):
     torch.manual_seed(args.seed)
     rules = load_rules(args.rules) if args.rules else DEFAULT_RULES
     params, cfg, src, cactfile = load_model(args)
+    check_model(args, cfg)                  # geometry-dependent flags, before any output
     t0 = time.perf_counter()
     if args.fixture:
         fx = fixtures.load(args.fixture, args.max_memory)
@@ -153,8 +155,7 @@ def compare_run(args, out=print):
     out(f"model: {src['source']} {src.get('preset', src.get('file', ''))} d={cfg.d_model} "
         f"L={cfg.num_layers} H={cfg.num_heads}/{cfg.num_kv_heads} vocab={cfg.vocab_size} "
         f"Engram layers {list(cfg.engram_layers)} window={window}")
-    wraps = f", the ring wraps at {window}" if window and n > window else \
-        (f"; note: {n} positions never fill the window of {window}" if window else "")
+    wraps = schedule_note(n, window)
     out(f"schedule: prompt {prompt} + {n - prompt} decode steps = {n} positions{wraps}")
     check = not args.no_check_plain
     with bar(2 * n, "capturing") as pb:
@@ -248,11 +249,14 @@ def cmd_report(args, out=print) -> int:
         raise LadderInputError("--model attn_v41: only `run` is implemented (it prints the "
                                "first divergence itself)")
     from .locate import locate
+    from .plot import fallback_note
     from .report import write_report
     cmp, extra, port, ref, model, window, info = compare_run(args, out)
     loc = locate(cmp, port=port, ref=ref, model=model, window=window)
     paths = write_report(cmp, args.out, loc, info, stem=args.stem, plot_backend=args.plot)
     out(str(cmp))
+    if fallback_note(args.plot):
+        out(fallback_note(args.plot))
     for ext, p in paths.items():
         out(f"wrote {p} ({os.path.getsize(p)} bytes)")
     return 0 if cmp.passed and all(c.passed for c in extra) else 1
@@ -260,6 +264,7 @@ def cmd_report(args, out=print) -> int:
 
 def cmd_regen(args, out=print) -> int:
     params, cfg, src, _ = load_model(args)
+    check_model(args, cfg)
     tokens, prompt = _schedule(args, cfg)
     with bar(2 * len(tokens), "reference f64 + f32") as pb:
         tensors, manifest = fixtures.build(params, cfg, tokens, prompt, params_source=src,
@@ -297,7 +302,9 @@ def cmd_rules(args, out=print) -> int:
 def _model_args(p, regen=False):
     p.add_argument("--preset", default="tiny", choices=["tiny", "shipped"])
     p.add_argument("--params", help="safetensors parameter file (config in its metadata)")
-    p.add_argument("--cact", help=".cact checkpoint (dequantised to float32 for both sides)")
+    p.add_argument("--cact", help=".cact checkpoint: the port computes from its packed CQ codes "
+                                  "(--weights cq, the default here), the reference from the "
+                                  "exactly dequantised float32 weights")
     p.add_argument("--seed", type=int, default=0, help="parameter init and token seed")
     p.add_argument("--prompt-len", type=int, default=DEFAULT_PROMPT)
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="one-token decode steps")
@@ -357,7 +364,9 @@ def parser() -> argparse.ArgumentParser:
                            help="figure format (auto: PNG via matplotlib if installed)")
     p = sub.add_parser("regen", help="regenerate the forward-parity fixture")
     _model_args(p, regen=True)
-    p.add_argument("--out", default=fixtures.DEFAULT_STEM, help="fixture path stem")
+    p.add_argument("--out", default=None,
+                   help="fixture path stem (default: the checkout's "
+                        "tests/fixtures/v2_forward_vectors, whatever the working directory)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 unless the existing files regenerate byte for byte")
     p = sub.add_parser("rules", help="print the tolerance rules (default or --rules FILE)")
@@ -371,6 +380,7 @@ def main(argv=None, out=print) -> int:
     cmd = {"run": cmd_run, "locate": cmd_locate, "report": cmd_report, "regen": cmd_regen,
            "rules": cmd_rules}[args.cmd]
     try:
+        check_args(args)                    # every flag, before any work (ladder/args.py)
         return cmd(args, out)
     except TraceError as e:
         print(f"divergence: {e}", file=sys.stderr)

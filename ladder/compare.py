@@ -1,4 +1,4 @@
-"""Compare two ladders point by point (DESIGN.md "Comparison rules").
+"""Compare two ladders point by point (docs/design.md "Comparison rules").
 
 Per point: max |a-b|, max relative error with a floored denominator, ULP distance in the
 compared dtype, cosine similarity, SQNR in dB, mismatch fraction, NaN/Inf counts each way,

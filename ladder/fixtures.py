@@ -31,7 +31,41 @@ SCHEMA = 1
 GENERATOR = "tools/gen_v2_forward_parity.py"
 MAX_MANIFEST = 64 * 1024 * 1024
 SEED_MAX = 2 ** 63 - 1              # torch.Generator.manual_seed's range
-DEFAULT_STEM = os.path.join("tests", "fixtures", "v2_forward_vectors")
+FIXTURE_NAME = "v2_forward_vectors"
+DEFAULT_STEM = os.path.join("tests", "fixtures", FIXTURE_NAME)     # relative to the repository
+
+
+def _repo_fixtures():
+    """The checkout's tests/fixtures/ (absolute), or None for an installed copy: found beside
+    this package only when the directory above it is this project's source tree."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.join(root, "tests", "fixtures")
+    return here if os.path.isfile(os.path.join(root, "pyproject.toml")) and \
+        os.path.isdir(here) else None
+
+
+REPO_FIXTURES = _repo_fixtures()
+
+
+def default_stem():
+    """Where `regen` writes by default: the checkout's fixture, whatever the working
+    directory (None for an installed copy, which has no tests/)."""
+    return os.path.join(REPO_FIXTURES, FIXTURE_NAME) if REPO_FIXTURES else None
+
+
+def find_stem(stem):
+    """A fixture stem as given (relative to the working directory), else the same name in the
+    checkout's tests/fixtures/; None when neither has both files."""
+    stem = os.fspath(stem)
+    for ext in (".safetensors", ".json"):
+        if stem.endswith(ext):
+            stem = stem[:-len(ext)]
+    tries = [stem] + ([os.path.join(REPO_FIXTURES, os.path.basename(stem))]
+                      if REPO_FIXTURES else [])
+    for cand in tries:
+        if all(os.path.isfile(cand + ext) for ext in (".json", ".safetensors")):
+            return cand
+    return None
 
 
 class FixtureError(ValueError):

@@ -1,6 +1,6 @@
 """Locate the first divergence, bisect inside its layer, split local from propagated error.
 
-1. The coarse ladder (DESIGN.md) is scanned in order: its first failing point names the step
+1. The coarse ladder (docs/design.md) is scanned in order: its first failing point names the step
    and layer where the error becomes visible at layer granularity.
 2. Inside that layer the fine points are scanned in forward order. Every point is already
    captured, so this is a linear scan rather than a binary search: the graph inside a layer

@@ -8,6 +8,7 @@ logits); a cell is the largest `error` of the points in that group at that step.
 """
 from __future__ import annotations
 
+import importlib.util
 import io
 import math
 from html import escape
@@ -75,7 +76,7 @@ def _yrange(vals):
 
 
 def svg(steps, cols, vals, first, title: str) -> bytes:
-    cw, ch, left, top = 44, 18, 78, 46
+    cw, ch, left, top = 44, 18, 78, 62          # top: title, subtitle, then column labels
     hm_w, hm_h = cw * len(cols), ch * len(steps)
     lx, lw, lh = left + hm_w + 70, 360, max(hm_h, 220)
     W, H = lx + lw + 30, top + max(hm_h, lh) + 70
@@ -166,6 +167,18 @@ def png_matplotlib(steps, cols, vals, first, title: str) -> bytes:
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
+
+
+def have_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def fallback_note(backend: str):
+    """What `--plot auto` should tell the user when it draws SVG for want of matplotlib."""
+    if backend == "auto" and not have_matplotlib():
+        return ("note: matplotlib is not installed, so the figure is SVG (pip install "
+                "'needle-parity[plot]' for PNG)")
+    return None
 
 
 def growth_plot(df: pd.DataFrame, title: str = "error growth", backend: str = "auto"):

@@ -121,12 +121,26 @@ def markdown(cmp: Comparison, loc=None, info: dict | None = None) -> str:
 
 def write_report(cmp: Comparison, out_dir, loc=None, info: dict | None = None,
                  stem: str = "ladder", plot_backend="auto") -> dict:
-    """Write {stem}.md, {stem}.csv (every row, every column) and {stem}.html; their paths."""
+    """Write {stem}.md, {stem}.csv (every row, every column) and {stem}.html; their paths.
+
+    Everything is rendered first and written to temporary files beside the targets, which
+    are renamed into place only when all three exist: a failure (no matplotlib for PNG, a
+    full disk) leaves no partial or empty report behind."""
+    page = html(cmp, loc, info, plot_backend)
+    text = markdown(cmp, loc, info)
     os.makedirs(out_dir, exist_ok=True)
     paths = {ext: os.path.join(out_dir, f"{stem}.{ext}") for ext in ("md", "csv", "html")}
-    with open(paths["md"], "w", encoding="utf-8") as f:
-        f.write(markdown(cmp, loc, info))
-    to_csv(frame(cmp), paths["csv"])
-    with open(paths["html"], "w", encoding="utf-8") as f:
-        f.write(html(cmp, loc, info, plot_backend))
+    tmp = {ext: f"{p}.tmp{os.getpid()}" for ext, p in paths.items()}
+    try:
+        with open(tmp["md"], "w", encoding="utf-8") as f:
+            f.write(text)
+        to_csv(frame(cmp), tmp["csv"])
+        with open(tmp["html"], "w", encoding="utf-8") as f:
+            f.write(page)
+        for ext in paths:
+            os.replace(tmp[ext], paths[ext])
+    finally:
+        for p in tmp.values():
+            if os.path.exists(p):
+                os.unlink(p)
     return paths

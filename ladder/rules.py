@@ -1,7 +1,7 @@
 """Tolerance rules as data: every floating-point comparison in the project takes its bound here.
 
 A rule bounds `|a - b| <= atol + rtol * scale`, where `scale` is either each element's
-|b| ("elementwise", DESIGN.md's rule) or the reference vector's max |b| ("maxabs", the form
+|b| ("elementwise", docs/design.md's rule) or the reference vector's max |b| ("maxabs", the form
 the upstream comparison is specified in: 1e-5·max|logits|). `stat` says which statistic of
 the per-element ratio |a - b| / allowance must stay <= 1: "max" (every element) or "p99" (all
 but the worst 1%). Bit-exact claims never use a rule; they use torch.equal.

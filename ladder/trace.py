@@ -2,7 +2,7 @@
 
 A ladder is every capture point of a run, per step (`prefill`, `decode00`, ...), in forward
 order, as float32/float64 copies. A point is named `embed`, `engram_k0`, `L03.u`, ...; a key
-is `{step}/{point}`, e.g. `decode03/L07.y` (DESIGN.md). Every value carries a leading
+is `{step}/{point}`, e.g. `decode03/L07.y` (docs/design.md). Every value carries a leading
 position axis: `[S, ...]` for a step of S positions, so a prefill's positions are compared one
 by one exactly like decode steps.
 
@@ -39,7 +39,7 @@ def layer_of(point: str):
 
 
 def is_coarse(point: str) -> bool:
-    """The coarse ladder (DESIGN.md): whole-forward points and the per-layer COARSE names."""
+    """The coarse ladder (docs/design.md): whole-forward points and the per-layer COARSE names."""
     layer = layer_of(point)
     return layer is None or point.split(".", 1)[1] in COARSE
 

@@ -1,6 +1,6 @@
 """The port's own V4.1 attention pieces (attn_v41 spec §3, §4): quantisers, RoPE, RMSNorm and
 the compressed-index builders. Written for the device: no host reads, fixed shapes where the
-decode body uses them. (The port never imports the reference's math, DESIGN.md "Layout".)
+decode body uses them. (The port never imports the reference's math, docs/design.md "Layout".)
 
 Quantisers take the power-of-two scale from the float32 bit fields (the exponent field alone,
 doubled when any mantissa bit was set) and round e2m1 with float32's own round-to-nearest-even:

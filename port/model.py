@@ -2,7 +2,8 @@
 
 Weights are prepared once at load (fused per-layer projections, row-major [out, in] so every
 product is a matrix-vector call) and never change. Per-sequence state lives in V2State. The
-math is the port's own (DESIGN.md: port/ takes only config, params and cact from reference/).
+math is the port's own (docs/design.md, "Layout": port/ takes only config, params and cact
+from reference/).
 
 `step` follows upstream decode.py: Engram gated on `u`, `y = block(bx) - u`, Sinkhorn in the
 log domain for 20 iterations, the lanes updated from their values before the layer.
@@ -88,6 +89,12 @@ def rowvecs(x, wt):
 
 
 class V2Model:
+    # Which Engram gate this port implements. Upstream has two: architecture.py (training)
+    # gates the Engram value on the lane-stacked x, decode.py gates it on u, the lane-mixed
+    # vector the block consumes. The port follows decode.py, the incremental path the
+    # fixtures come from; a change toward architecture.py is a bug, not a fix.
+    ENGRAM_GATE_SOURCE = "decode.py (_forward_cached), gate on u"
+
     def __init__(self, cfg: V2Config, w: dict, device, backend: str = "torch",
                  decode: str = "eager", packed: dict | None = None):
         if backend not in BACKENDS:
@@ -383,13 +390,15 @@ class V2Model:
         z = rowvecs(silu(w["d2"][i] * z), w["walsh"])
         return (w["d3"][i] * z)[:, :cfg.d_model]
 
-    def encode_contrastive(self, tokens):
+    def encode_contrastive(self, tokens, *, window: int = 0):
+        """Probe head over tokens [T] or a batch [B, T] (port/heads.py); window 0: full causal."""
         from .heads import encode_contrastive
-        return encode_contrastive(self, tokens)
+        return encode_contrastive(self, tokens, window=window)
 
-    def confidence(self, tokens):
+    def confidence(self, tokens, *, window: int = 0):
+        """Confidence logit over tokens [T] or a batch [B, T] (port/heads.py)."""
         from .heads import confidence
-        return confidence(self, tokens)
+        return confidence(self, tokens, window=window)
 
     def step_layer(self, i: int, lanes, state: V2State, pos: int, engram=None, trace=None):
         """Injection: run only layer `i` at position `pos` (already stepped into `state`) on the

@@ -5,7 +5,7 @@ KV cache [L, B, KV, M, hd]. Engram is gated on `u`, the lane mix the block consu
 arithmetic follows upstream's order so float32 results agree to rounding; float64 parameters
 run the same code in float64 (the arbiter between two disagreeing float32 results).
 
-`trace(name, layer, values)` is called at every ladder point (DESIGN.md) in forward order;
+`trace(name, layer, values)` is called at every ladder point (docs/design.md) in forward order;
 `layer` is None for whole-forward points. Values are the live tensors: a tracer copies what it
 keeps and must not write into them. With `trace=None` nothing extra is computed or copied.
 """

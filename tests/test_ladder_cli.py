@@ -1,6 +1,7 @@
 """`python -m ladder`: exit 0 on a clean port, 1 on a divergence, 2 on bad input."""
 import base64
 import json
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from ladder.rules import DEFAULT_RULES, load_rules
 from ladder.trace import schedule
 from reference.params import save_params
 from ladder_common import FIXTURE, reference_ladder, setup
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(*argv):
@@ -66,30 +69,116 @@ def test_bad_input_exits_2_naming_the_value(tmp_path, capsys):
     save_params(other, params, cfg.replace(kv_window=4))
     (tmp_path / "bad.json").write_text('{"rules": [{"pattern": "*", "rtol": -1}]}')
     cases = [
-        (["--prompt-len", "0"], "--prompt-len 0 must be >= 1"),
-        (["--steps", "-1"], "--steps -1 must be >= 0"),
-        (["--steps", "100"], "= 106 exceeds max_seq_len=64"),
+        (["--prompt-len", "0"], "--prompt-len 0: must be >= 1"),
+        (["--steps", "-1"], "--steps -1: must be >= 0"),
+        (["--steps", "100"], "--prompt-len 6 + --steps 100 = 106 positions: exceeds the "
+                             "model's max_seq_len=64"),
         (["--rules", str(tmp_path / "bad.json")], "field rtol=-1"),
-        (["--rules", str(tmp_path / "missing.json")], "No such file"),
+        (["--rules", str(tmp_path / "missing.json")], "--rules " + str(tmp_path / "missing.json")
+         + ": no such file"),
         (["--params", str(other), "--cact", str(other)], "not both"),
-        (["--weights", "bogus"], "--weights bogus --device cpu: weights='bogus'"),
+        (["--weights", "bogus"], "--weights bogus: must be dense or cq"),
         (["--fixture", FIXTURE, "--weights", "cq"], "--weights cq quantises the parameters"),
         (["--fixture", FIXTURE, "--params", str(other)], "field kv_window is 8 in the "
                                                          "fixture, 4 in the model"),
-        (["--fixture", str(tmp_path / "none")], "No such file"),
-        (["--window", "9", "--no-check-plain"], "kv_window=9 is wider than the ring"),
-        (["--device", "nonsense"], "--device nonsense: Expected one of cpu"),
+        (["--fixture", str(tmp_path / "none")], f"--fixture {tmp_path / 'none'}: no none.json"),
+        (["--window", "9", "--no-check-plain"], "--window 9: must lie in 1..8"),
+        (["--device", "nonsense"], "--device nonsense: not a device torch knows"),
     ]
     for argv, msg in cases:
-        rc, _ = run("run", *argv)
+        rc, text = run("run", *argv)
         err = capsys.readouterr().err
         assert rc == 2 and msg in err, (argv, err)
+        assert text == "" or argv[0] == "--fixture" and "--params" in argv, (argv, text)
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--window", "0"], "--window 0: must lie in 1..8, the port's KV ring"),
+    (["--window", "-3"], "--window -3: must be >= 0"),
+    (["--window", "99999"], "--window 99999: must lie in 1..8"),
+    (["--params", "nowhere.safetensors"], "--params nowhere.safetensors: no such file"),
+    (["--cact", "nowhere.cact"], "--cact nowhere.cact: no such file"),
+    (["--bits-map", "default=5", "--weights", "cq"], "--bits-map default=5:"),
+    (["--seed", str(2 ** 64)], f"--seed {2 ** 64}: outside"),
+    (["--backend", "native", "--decode", "graph"], "--backend native runs on the CPU, eagerly"),
+])
+def test_bad_flags_exit_2_before_any_work(argv, msg, capsys):
+    rc, text = run("run", *argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and msg in err and text == "", (err, text)
+    assert err.count("\n") == 1                         # one line, no traceback
+
+
+def test_a_cact_given_to_params_says_use_cact(tmp_path, capsys):
+    from reference.cact import write_cact
+    cfg, params = setup()[:2]
+    write_cact(tmp_path / "m.cact", params, cfg)
+    save_params(tmp_path / "p.safetensors", params, cfg)
+    assert run("run", "--params", str(tmp_path / "m.cact"))[0] == 2
+    assert f"use --cact {tmp_path / 'm.cact'}" in capsys.readouterr().err
+    assert run("run", "--cact", str(tmp_path / "p.safetensors"))[0] == 2
+    assert f"use --params {tmp_path / 'p.safetensors'}" in capsys.readouterr().err
+
+
+def test_no_c_compiler_names_the_torch_backend(monkeypatch, capsys):
+    import kernels.native as native
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    rc, text = run("run", "--backend", "native")
+    err = capsys.readouterr().err
+    assert rc == 2 and text == "" and "use --backend torch" in err and "/nonexistent/cc" in err
+
+
+def test_fixture_by_name_from_any_directory(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    rc, text = run("run", "--fixture", "v2_forward_vectors", "--no-check-plain")
+    assert rc == 0 and "fixture " + os.path.abspath(os.path.join(ROOT, FIXTURE)) in text
+    assert run("run", "--fixture", "v2_nothing")[0] == 2
+    err = capsys.readouterr().err
+    assert "--fixture v2_nothing" in err and "tests/fixtures" in err
+
+
+def test_report_out_checked_before_any_work(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    for out in (tmp_path / "file", "/proc/nope"):
+        rc, text = run("report", "--out", str(out))
+        err = capsys.readouterr().err
+        assert rc == 2 and text == "" and f"--out {out}" in err, err
+
+
+def test_report_png_without_matplotlib_exits_2_and_writes_nothing(monkeypatch, tmp_path,
+                                                                   capsys):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    rc, text = run("report", "--out", str(tmp_path / "r"), "--plot", "png")
+    err = capsys.readouterr().err
+    assert rc == 2 and text == "" and "--plot png needs matplotlib" in err
+    assert not (tmp_path / "r").exists()
+    rc, text = run("report", "--out", str(tmp_path / "r"), "--no-check-plain", "--steps", "3")
+    assert rc == 0 and "figure is SVG" in text                # auto falls back, and says so
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == \
+        ["ladder.csv", "ladder.html", "ladder.md"]
+
+
+def test_regen_outside_the_checkout(monkeypatch, tmp_path, capsys):
+    from ladder import fixtures
+    monkeypatch.chdir(tmp_path)
+    rc, text = run("regen", "--check")
+    assert rc == 0 and "byte-identical" in text and list(tmp_path.iterdir()) == []
+    assert run("regen", "--check", "--out", "fx")[0] == 2
+    assert "fx.json does not exist" in capsys.readouterr().err
+    monkeypatch.setattr(fixtures, "REPO_FIXTURES", None)       # an installed copy
+    assert run("regen")[0] == 2
+    assert "give --out STEM" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_python_m_ladder_exit_status():
     p = subprocess.run([sys.executable, "-m", "ladder", "run", "--prompt-len", "0"],
                        capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "error: --prompt-len 0 must be >= 1" in p.stderr
+    assert p.returncode == 2 and "error: --prompt-len 0: must be >= 1" in p.stderr
 
 
 def test_report_writes_md_csv_and_self_contained_html(tmp_path):

@@ -121,3 +121,29 @@ def test_html_and_markdown_reports_are_self_contained():
     md = markdown(cmp)
     assert "**DIVERGENCE**: first at `decode00/L01.x`" in md
     assert "| port/* |" in md
+
+
+def test_svg_subtitle_clears_the_column_labels():
+    mime, data = growth_plot(frame(_pair({})), backend="svg", title="t")
+    ns = "{http://www.w3.org/2000/svg}"
+    texts = list(ET.fromstring(data).iter(ns + "text"))
+    sub = next(t for t in texts if t.text.startswith("worst error / allowance"))
+    labels = [t for t in texts if t.text == "L00"]
+    top_of_labels = min(float(t.get("y")) for t in labels) - 11       # font-size 11
+    assert float(sub.get("y")) + 3 <= top_of_labels                   # descenders clear
+
+
+@pytest.mark.parametrize("where", ["figure", "csv"])
+def test_a_failing_report_leaves_no_file_behind(tmp_path, monkeypatch, where):
+    import ladder.plot
+    import ladder.report
+
+    def boom(*a, **k):
+        raise (ImportError if where == "figure" else OSError)("no")
+    if where == "figure":       # --plot png without matplotlib: fails while rendering
+        monkeypatch.setattr(ladder.plot, "png_matplotlib", boom)
+    else:                       # a write error after the markdown is already on disk
+        monkeypatch.setattr(ladder.report, "to_csv", boom)
+    with pytest.raises((ImportError, OSError)):
+        ladder.report.write_report(_pair({}), tmp_path, plot_backend="png")
+    assert list(tmp_path.iterdir()) == []

@@ -12,12 +12,18 @@ for native, the codes' pre-rotation rows for torch):
     the process's resident set while the model is built;
 then the reference's one-token `forward_cached` at position 300 on the same weights, and the
 ratios. Also the packed CQ payload (the resident size of CqWeight's "packed" form) of the same
-model. Upstream JAX is timed only when `cactus-needle` imports in this interpreter; otherwise
-the table says it was skipped. Thread count and flush-denormal are recorded with the numbers.
+model. Upstream JAX is optional: it is timed when `cactus-needle` imports in this interpreter
+or `--upstream-python` names an interpreter that has it; otherwise the table says it was
+skipped. Thread count and flush-denormal are recorded with the numbers.
+
+Every argument is checked before the first measurement (exit 2 naming the flag), and with
+`--json` the file is rewritten after each finished port, so a late failure keeps what was
+measured ("complete": false until the end).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import json
@@ -91,6 +97,21 @@ def held_mb(model) -> float:
     return total / 2**20
 
 
+@contextlib.contextmanager
+def quiet_stderr():
+    """Silence file descriptor 2: the profiler's C++ side (Kineto) prints a start and a stop
+    line per session there, below Python's sys.stderr."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def bench_port(model, cfg, steps, tok):
     out = {"weights_mb": held_mb(model)}
     prompt = [next(tok) for _ in range(min(PROMPT, cfg.max_seq_len // 4))]
@@ -116,7 +137,7 @@ def bench_port(model, cfg, steps, tok):
             model.step(next(tok), state)                            # warm
         out[f"step_ms_at_{target}"] = median_ms(lambda: model.step(next(tok), state), steps)
     from torch.profiler import profile, ProfilerActivity
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
         model.step(next(tok), state)
     out["aten_ops_per_step"] = sum(e.count for e in prof.key_averages()
                                    if e.key.startswith("aten::"))
@@ -139,8 +160,11 @@ def upstream_ms(python, preset, at):
             return None, "skipped: cactus-needle is not importable (give --upstream-python)"
         python = sys.executable
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_upstream.py")
-    out = subprocess.run([python, script, "--preset", preset, "--at", str(at)],
-                         capture_output=True, text=True)
+    try:
+        out = subprocess.run([python, script, "--preset", preset, "--at", str(at)],
+                             capture_output=True, text=True)
+    except OSError as e:
+        return None, f"skipped: {python} does not run: {e}"
     if out.returncode != 0:
         return None, f"skipped: bench_upstream.py failed: {out.stderr.strip()[-300:]}"
     got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -159,6 +183,9 @@ def main(argv=None):
     ap.add_argument("--upstream-python", help="interpreter of a venv with cactus-needle, jax, "
                                               "flax and torch (times upstream's decode too)")
     args = ap.parse_args(argv)
+    problem = check_args(args)
+    if problem:
+        ap.error(problem)                           # exit 2, before any measurement
     torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
     cfg = V2Config.preset(args.preset)
@@ -184,6 +211,7 @@ def main(argv=None):
         res["ports"][port] = bench_port(model, cfg, args.steps, tok)
         res["ports"][port]["rss_growth_mb_at_load"] = grown
         del model
+        save(res, args.json, complete=False)
     from port.cq import CqWeight
     res["cq_packed_mb"] = sum(CqWeight.from_slot(s, "packed").nbytes for s in cactfile.slots
                               if s.dtype == cact.DTYPE_CQ) / 2**20
@@ -202,10 +230,42 @@ def main(argv=None):
         if res["upstream_one_token_ms"]:
             p["speedup_vs_upstream"] = res["upstream_one_token_ms"] / p[f"step_ms_at_{at}"]
     report(res, args.ports)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    save(res, args.json, complete=True)
     return res
+
+
+def save(res, path, complete: bool):
+    """Write the numbers so far (temp file, then rename: never a half-written JSON)."""
+    if not path:
+        return
+    res["complete"] = complete
+    with open(path + ".tmp", "w") as f:
+        json.dump(res, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def check_args(args):
+    """The first problem with the command line, in its words, or None."""
+    from kernels import native
+    for port in args.ports:
+        backend, _, weights = port.partition(":")
+        if backend not in ("torch", "native") or weights not in ("dense", "cq"):
+            return f"--ports {port}: each port is BACKEND:WEIGHTS, torch|native : dense|cq"
+        if backend == "native" and not native.available():
+            return (f"--ports {port}: the native step cannot run here: "
+                    f"{native.unavailable_reason().splitlines()[0]}")
+    if args.steps < 1 or args.threads < 1:
+        return f"--steps {args.steps} / --threads {args.threads}: both must be >= 1"
+    up = args.upstream_python
+    if up is not None and not (os.path.isfile(up) and os.access(up, os.X_OK)):
+        return (f"--upstream-python {up}: no executable interpreter there; give the python "
+                f"of a venv with cactus-needle, or leave the flag out (upstream is optional)")
+    if args.json:
+        parent = os.path.dirname(os.path.abspath(args.json))
+        if os.path.isdir(args.json) or not os.path.isdir(parent) or \
+                not os.access(parent, os.W_OK):
+            return f"--json {args.json}: cannot write a file there"
+    return None
 
 
 def report(res, ports):

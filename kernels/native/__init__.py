@@ -109,8 +109,15 @@ def build() -> str:
         raise NativeUnavailable(f"C compiler {cc!r} does not run: {e}") from e
     src = b""
     for path in SOURCES + [HEADER]:
-        with open(path, "rb") as f:
-            src += f.read()
+        try:
+            with open(path, "rb") as f:
+                src += f.read()
+        except OSError as e:
+            # An install that left out the C files (package data) lands here, not in the
+            # compiler: say which file, so the fix (reinstall) is obvious.
+            raise NativeUnavailable(f"cannot read the native step's source {path}: "
+                                    f"{e.strerror}; this install of needle-parity lacks its "
+                                    f"C files (reinstall it), or use the torch backend") from e
     key = hashlib.sha256(src + " ".join(FLAGS).encode() + version.encode()
                          + _cpu_id().encode()).hexdigest()[:16]
     out_dir = _cache_dir()
@@ -159,12 +166,19 @@ def set_threads(n: int) -> None:
     lib().nat_set_threads(int(n))
 
 
-def available() -> bool:
+def unavailable_reason() -> str | None:
+    """None when the native step builds and loads here; otherwise why not, in one line."""
     try:
         lib()
-    except NativeUnavailable:
-        return False
-    return True
+    except NativeUnavailable as e:
+        return str(e)
+    except OSError as e:                # ctypes could not load the library it built
+        return f"the native step's library does not load: {e}"
+    return None
+
+
+def available() -> bool:
+    return unavailable_reason() is None
 
 
 def _f32(x: torch.Tensor, name: str) -> torch.Tensor:

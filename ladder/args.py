@@ -1,0 +1,223 @@
+"""Command-line values checked before any work, in the words of the command line.
+
+`check(args)` runs before a command starts: every flag that can be judged on its own (files
+exist and are what the flag wants, numbers in range, the backend can run here, the report
+and fixture paths are writable or found). `check_model(args, cfg)` runs once the model's
+geometry is known and before anything is printed or computed: the limits that depend on it
+(--window, --prompt-len + --steps). Each message names the flag, the value, what is allowed
+and what to do; cli.py maps them to exit status 2.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import struct
+import tempfile
+
+from . import fixtures
+
+SAFETENSORS_HINT = "a safetensors parameter file (save_params writes them)"
+
+
+def _fail(msg: str):
+    from .cli import LadderInputError       # the CLI's own error class (exit status 2)
+    raise LadderInputError(msg)
+
+
+def _head(path: str, n: int) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(n)
+
+
+def _looks_like_cact(path: str) -> bool:
+    from reference.cact import TAG
+    head = _head(path, 4)
+    return len(head) == 4 and struct.unpack("<I", head)[0] == TAG
+
+
+def _looks_like_safetensors(path: str) -> bool:
+    head = _head(path, 9)
+    return len(head) == 9 and head[8:9] == b"{"
+
+
+def input_file(flag: str, path: str, what: str) -> None:
+    """A file the flag reads: it must exist, be a regular file and be readable."""
+    if not os.path.exists(path):
+        _fail(f"{flag} {path}: no such file (give the path to {what})")
+    if not os.path.isfile(path):
+        _fail(f"{flag} {path}: not a regular file (give the path to {what})")
+    if not os.access(path, os.R_OK):
+        _fail(f"{flag} {path}: not readable (check its permissions)")
+
+
+def writable_dir(flag: str, path: str, shown: str | None = None) -> None:
+    """A directory the command will create or write into: an existing directory, or a path
+    whose nearest existing parent is a writable directory."""
+    shown = path if shown is None else shown
+    if os.path.exists(path) and not os.path.isdir(path):
+        _fail(f"{flag} {shown}: exists and is not a directory (give a directory to write to)")
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    # A real write, not os.access: root passes every permission bit, yet /proc refuses.
+    try:
+        if not os.path.isdir(probe):
+            raise NotADirectoryError(0, "not a directory")
+        fd, tmp = tempfile.mkstemp(prefix=".write-check-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        _fail(f"{flag} {shown}: cannot write under {probe} ({e.strerror or e}); choose a "
+              f"writable directory")
+
+
+def _count(flag: str, value: int, lo: int, what: str) -> None:
+    if value < lo:
+        _fail(f"{flag} {value}: must be >= {lo} ({what})")
+
+
+def window_range(cfg) -> tuple:
+    """(lo, hi) of --window: the port steps on make_state()'s ring, kv_window slots (the whole
+    max_seq_len for a full-causal model), and a window cannot be wider than its ring."""
+    return (1, cfg.kv_window) if cfg.kv_window else (0, cfg.max_seq_len)
+
+
+def _model_files(args) -> None:
+    if args.params and args.cact:
+        _fail(f"--params {args.params} and --cact {args.cact}: give one of them, not both")
+    if args.params:
+        input_file("--params", args.params, SAFETENSORS_HINT)
+        if _looks_like_cact(args.params):
+            _fail(f"--params {args.params} is a .cact checkpoint; use --cact {args.params}")
+    if args.cact:
+        input_file("--cact", args.cact, "a .cact checkpoint")
+        if _looks_like_safetensors(args.cact):
+            _fail(f"--cact {args.cact} is a safetensors file; use --params {args.cact}")
+        if not _looks_like_cact(args.cact):
+            _fail(f"--cact {args.cact}: not a .cact file (its first 4 bytes are not the .cact "
+                  f"tag); --cact takes a checkpoint written by cactus-needle or write_cact")
+
+
+def _schedule_flags(args) -> None:
+    _count("--prompt-len", args.prompt_len, 1, "the prompt needs at least one token")
+    _count("--steps", args.steps, 0, "the number of one-token decode steps")
+    if args.window is not None and args.window < 0:
+        _fail(f"--window {args.window}: must be >= 0 (0: full causal; drop --window for the "
+              f"model's own window)")
+    if not -2 ** 63 <= args.seed < 2 ** 64:
+        _fail(f"--seed {args.seed}: outside -2**63..2**64-1, the range torch seeds take")
+
+
+def _port_flags(args) -> None:
+    if args.weights not in (None, "dense", "cq"):
+        _fail(f"--weights {args.weights}: must be dense or cq (default: cq for --cact, else "
+              f"dense)")
+    if args.weights == "cq" or args.cact is None:
+        try:
+            from reference.cq import parse_bits_map
+            parse_bits_map(args.bits_map)
+        except ValueError as e:
+            _fail(f"--bits-map {args.bits_map}: {e} (e.g. embedding=4,mhc=4,default=2)")
+    import torch
+    try:
+        dev = torch.device(args.device)
+    except RuntimeError as e:
+        _fail(f"--device {args.device}: not a device torch knows (device={args.device!r}: "
+              f"{e}); e.g. cpu, cuda, cuda:1")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        _fail(f"--device {args.device}: torch.cuda.is_available() is False here (torch "
+              f"{torch.__version__}); use --device cpu")
+    if args.backend == "native":
+        if dev.type != "cpu" or args.decode != "eager":
+            _fail(f"--backend native runs on the CPU, eagerly (got --device {args.device} "
+                  f"--decode {args.decode}); drop those flags, or use --backend torch")
+        from kernels.native import unavailable_reason
+        why = unavailable_reason()
+        if why:
+            _fail(f"--backend native cannot run here: {why.splitlines()[0]}; use "
+                  f"--backend torch")
+    if args.backend == "triton" and importlib.util.find_spec("triton") is None:
+        _fail("--backend triton: Triton is not installed (pip install 'needle-parity[gpu]'); "
+              "use --backend torch")
+
+
+def _fixture_flag(args) -> None:
+    if args.fixture:
+        stem = fixtures.find_stem(args.fixture)
+        if stem is None:
+            _fail(f"--fixture {args.fixture}: no {os.path.basename(args.fixture)}.json + "
+                  f".safetensors there or in {fixtures.REPO_FIXTURES}; fixtures live in the "
+                  f"repository's tests/fixtures/ (`python -m ladder regen --out STEM` makes "
+                  f"one)")
+        args.fixture = stem
+
+
+def _report_flags(args) -> None:
+    writable_dir("--out", args.out)
+    if not args.stem or args.stem in (".", "..") or os.sep in args.stem or \
+            (os.altsep and os.altsep in args.stem):
+        _fail(f"--stem {args.stem!r}: must be a plain file name (the report is written as "
+              f"--out/STEM.md, .csv, .html)")
+    if args.plot == "png" and importlib.util.find_spec("matplotlib") is None:
+        _fail("--plot png needs matplotlib, which is not installed: pip install "
+              "'needle-parity[plot]', or use --plot svg (no dependency)")
+
+
+def _regen_flags(args) -> None:
+    if args.out is None:
+        if fixtures.REPO_FIXTURES is None:
+            _fail("regen: this installed copy has no tests/fixtures/ to write to; give "
+                  "--out STEM (or run from a checkout of the repository)")
+        args.out = fixtures.default_stem()
+    if args.check:
+        missing = [p for p in (f"{args.out}.json", f"{args.out}.safetensors")
+                   if not os.path.isfile(p)]
+        if missing:
+            _fail(f"regen --check --out {args.out}: {missing[0]} does not exist, so there is "
+                  f"nothing to compare (drop --check to write it)")
+    else:
+        writable_dir("--out", os.path.dirname(os.path.abspath(args.out)), shown=args.out)
+
+
+def check(args) -> None:
+    """Every flag that can be judged before the model is loaded."""
+    if getattr(args, "rules", None):
+        input_file("--rules", args.rules, "a .toml or .json rules file (see `ladder rules`)")
+    if args.cmd == "rules":
+        return
+    _model_files(args)
+    _schedule_flags(args)
+    if args.cmd == "regen":
+        _regen_flags(args)
+        return
+    _port_flags(args)
+    if getattr(args, "model", "needle_v2") == "needle_v2":   # attn_v41 reads its own fixture
+        _fixture_flag(args)
+    if args.cmd == "report":
+        _report_flags(args)
+
+
+def check_model(args, cfg) -> None:
+    """The limits that depend on the model's geometry; before anything is printed."""
+    if args.window is not None and args.cmd != "regen":
+        lo, hi = window_range(cfg)
+        if not lo <= args.window <= hi:
+            full = "" if lo == 0 else (f"; 0 (full causal) needs a ring of max_seq_len="
+                                       f"{cfg.max_seq_len} slots")
+            _fail(f"--window {args.window}: must lie in {lo}..{hi}, the port's KV ring "
+                  f"(make_state(): kv_window={cfg.kv_window}){full}; drop --window to run "
+                  f"the model's own window")
+    n = args.prompt_len + args.steps
+    if not getattr(args, "fixture", None) and n > cfg.max_seq_len:
+        _fail(f"--prompt-len {args.prompt_len} + --steps {args.steps} = {n} positions: "
+              f"exceeds the model's max_seq_len={cfg.max_seq_len}; lower --steps")
+
+
+def schedule_note(n: int, window: int) -> str:
+    """The run header's word on the ring: whether these positions make it wrap."""
+    if not window:
+        return ""
+    if n > window:
+        return f", the ring wraps at {window}"
+    return (f"; note: {n} positions fit in the window of {window}, so the ring never wraps "
+            f"(raise --steps to test wrapping)")
