@@ -27,6 +27,7 @@ from .capture import capture_port, capture_reference
 from .compare import CompareError, compare_ladders
 from .progress import bar
 from .rules import DEFAULT_RULES, RulesError, dump_rules, load_rules
+from .runinfo import describe_port, graph_verdict
 from .trace import TraceError
 
 DEFAULT_PROMPT, DEFAULT_STEPS = 6, 12
@@ -149,9 +150,17 @@ def compare_run(args, out=print):
         tokens, prompt = _schedule(args, cfg)
         window = cfg.kv_window if args.window is None else args.window
     params, model, weights = build_port(params, cfg, cactfile, args)
+    # The port steps on the state users get (make_state()) unless told otherwise: --window,
+    # or a fixture recorded at another window than make_state()'s.
+    port_window = args.window
+    if args.fixture and port_window is None and model.make_state().window != window:
+        port_window = window
+    run = describe_port(model, weights, args.device, port_window)
     n = len(tokens)
-    out(f"needle-parity ladder: port ({weights}, {args.device}) vs "
+    out(f"needle-parity ladder: {run.label()} vs "
         f"{'fixture ' + args.fixture if args.fixture else 'reference (float32)'}")
+    for line in run.lines():
+        out(line)
     out(f"model: {src['source']} {src.get('preset', src.get('file', ''))} d={cfg.d_model} "
         f"L={cfg.num_layers} H={cfg.num_heads}/{cfg.num_kv_heads} vocab={cfg.vocab_size} "
         f"Engram layers {list(cfg.engram_layers)} window={window}")
@@ -168,26 +177,29 @@ def compare_run(args, out=print):
             ref = ref32 = capture_reference(params, cfg, tokens, prompt, window=window,
                                             check_plain=check, progress=pb, label="reference")
         tb = time.perf_counter()
-        port = capture_port(model, tokens, prompt, window=window, check_plain=check,
-                            progress=pb, label="port")
+        port = capture_port(model, tokens, prompt, window=port_window, check_plain=check,
+                            progress=pb, label=run.label())
         tc = time.perf_counter()
     if check:
         out("tracing changes no bit: reference traced == plain forward_cached; port "
             "step_traced == prefill_batch + step (logits and caches, torch.equal)")
-    cmp = compare_ladders(port, ref, rules, prefix="port", b_label=ref.label)
+    if graph_verdict(model, check):
+        out(graph_verdict(model, check))
+    cmp = compare_ladders(port, ref, rules, prefix="port", a_label=run.label(),
+                          b_label=ref.label)
     extra = []
     if args.fixture:
         extra = [compare_ladders(ref32, ref, rules, prefix="arbiter", a_label="reference f32")]
     td = time.perf_counter()
     info = {"model": f"{src['source']} {src.get('preset', src.get('file', ''))}",
-            "port weights": f"{weights} on {args.device}",
+            **run.as_info(),
             "params sha256": src["sha256"][:16], "seed": args.seed,
             "schedule": f"prompt {prompt} + {n - prompt} steps, window {window}",
             "rules": rules.source, "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "timing": f"reference {tb - ta:.2f} s, port {tc - tb:.2f} s, compare "
                       f"{td - tc:.2f} s, total {td - t0:.2f} s"}
-    return cmp, extra, port, ref, model, window, info
+    return cmp, extra, port, ref, model, port_window, info
 
 
 def _print_table(cmp, args, out):
@@ -219,7 +231,7 @@ def cmd_run(args, out=print) -> int:
     out(str(cmp))
     for c in extra:
         out(str(c))
-    out(f"{info['timing']}; torch {info['torch']}, {info['threads']} threads")
+    out(f"{info['timing']}; torch {info['torch']}, {info['port']}")
     ok = cmp.passed and all(c.passed for c in extra)
     if not ok:
         out("divergence: `python -m ladder locate` (same options) bisects it and splits "

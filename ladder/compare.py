@@ -47,6 +47,18 @@ class PointResult:
     worst_pos: int             # absolute position of the largest error
     first_bad_pos: int | None  # first absolute position that fails
     note: str = ""
+    pos0: int = 0              # absolute position of the step's first position
+    errors: tuple = ()         # rule error / allowance at each position of the step
+
+    def error_at(self, pos: int) -> float:
+        """The rule error at absolute position `pos` (the step's worst when not recorded)."""
+        j = pos - self.pos0
+        return self.errors[j] if 0 <= j < len(self.errors) else self.error
+
+    @property
+    def first_bad_error(self) -> float:
+        """The error at the first failing position: the number `locate` re-runs and shows."""
+        return self.error if self.first_bad_pos is None else self.error_at(self.first_bad_pos)
 
     @property
     def key(self) -> str:
@@ -61,13 +73,27 @@ class PointResult:
         return is_coarse(self.point)
 
     def __str__(self):
+        """A passing row shows its worst position's error; a failing row its first failing
+        position's (the one `locate` re-runs), then the worst when that is elsewhere."""
         flag = "pass" if self.passed else "FAIL"
-        s = (f"{self.key:22s} {flag}  err {self.error:9.3g} of allowance  max|a-b| "
+        failing = not self.passed and self.first_bad_pos is not None
+        err = self.first_bad_error if failing else self.error
+        s = (f"{self.key:22s} {flag}  err {error_text(err):>9s} of allowance  max|a-b| "
              f"{self.max_abs:9.3g}  rel {self.max_rel:9.3g}  ulp {self.ulp:8.3g}  "
              f"1-cos {1 - self.cosine:8.2g}  [{self.pattern}: {self.rule.describe()}]")
-        if not self.passed and self.first_bad_pos is not None:
+        if failing:
             s += f"  first failing position {self.first_bad_pos}"
+            if self.worst_pos != self.first_bad_pos and err != self.error:
+                s += f" (worst {error_text(self.error)} at position {self.worst_pos})"
         return s + (f"  ({self.note})" if self.note else "")
+
+
+def error_text(err: float) -> str:
+    """An error of allowance for the screen: rules floor every allowance, so only a NaN/Inf
+    capture or a missing point is unbounded, and it is said in words, not as `inf`."""
+    if math.isfinite(err):
+        return f"{err:.3g}"
+    return "unbounded"
 
 
 @dataclass(frozen=True)
@@ -148,7 +174,7 @@ def compare_point(step: str, point: str, a, b, pattern: str, rule: Rule, rel_flo
                        m["nan_b"], m["inf_a"], m["inf_b"], pattern, rule, error,
                        error <= 1.0, pos0 + worst,
                        None if first_bad is None else pos0 + first_bad,
-                       "NaN/Inf in a capture" if nonfinite else "")
+                       "NaN/Inf in a capture" if nonfinite else "", pos0, tuple(errs))
 
 
 def _missing(step, point, shape, pattern, rule, note) -> PointResult:
@@ -163,7 +189,7 @@ def compare_logits(step: str, pos: int, a, b, rule: Rule, ruleset: RuleSet) -> L
     if not (torch.isfinite(a64).all() and torch.isfinite(b64).all()):
         return LogitsResult(step, pos, -1, -1, False, False, math.nan, 0.0, False)
     scale = b64.abs().max() if rule.scale == "maxabs" else b64.abs()
-    allow = (rule.atol + rule.rtol * scale) * torch.ones_like(b64)
+    allow = rule.allowance(scale) * torch.ones_like(b64)
     tie = ruleset.logits.tie_factor / 2
     ia, ib = int(a64.argmax()), int(b64.argmax())
     near = ia != ib and float(b64[ib] - b64[ia]) <= tie * float(allow[ia] + allow[ib])
@@ -228,8 +254,12 @@ class Comparison:
         raise KeyError(f"no row {step}/{point}")
 
     def worst(self):
-        finite = [r for r in self.rows if math.isfinite(r.error)]
-        return max(finite or self.rows, key=lambda r: r.error) if self.rows else None
+        """The row with the largest error (never smaller than the first divergence's: an
+        unbounded row, NaN/Inf or missing, counts as the largest; ties go to the earliest)."""
+        if not self.rows:
+            return None
+        key = lambda r: math.inf if math.isnan(r.error) else r.error
+        return max(self.rows, key=key)
 
     def to_frame(self):
         from .table import frame

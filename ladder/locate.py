@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .compare import Comparison, PointResult, as_ruleset
+from .compare import Comparison, PointResult, as_ruleset, error_text
 from .trace import Ladder, point_name
 
 
@@ -61,13 +61,16 @@ class Location:
                f"  {f}"]
         if self.coarse is not None and self.coarse.key != f.key:
             out.append(f"  coarse ladder first fails at {self.coarse.key} "
-                       f"(err {self.coarse.error:.3g} of allowance)")
+                       f"(err {error_text(self.coarse.first_bad_error)} of allowance at "
+                       f"position {self.coarse.first_bad_pos})")
         if self.bisection:
-            out.append(f"  inside L{f.layer:02d} at {f.step}, forward order:")
+            out.append(f"  inside L{f.layer:02d} at {f.step}, forward order, err of allowance "
+                       f"at position {self.position}:")
             for r in self.bisection:
                 mark = "  <- first failing" if r.key == f.key else ""
-                out.append(f"    {r.point.split('.', 1)[1]:11s} {'pass' if r.passed else 'FAIL'}"
-                           f"  err {r.error:10.3g}{mark}")
+                bad = r.error_at(self.position) > 1.0
+                out.append(f"    {r.point.split('.', 1)[1]:11s} {'FAIL' if bad else 'pass'}"
+                           f"  err {error_text(r.error_at(self.position)):>10s}{mark}")
         if self.injection:
             out.append(f"  injection at position {self.position} (L{f.layer:02d} re-run on the "
                        f"reference's lanes, Engram and KV history); err of allowance:")
@@ -75,8 +78,8 @@ class Location:
             for r in self.injection:
                 flag = "  <- " + ("own" if r.own else "inherited") \
                     if r.propagated > 1.0 else ""
-                out.append(f"    {r.point.split('.', 1)[1]:11s} {r.propagated:12.3g} "
-                           f"{r.local:12.3g}{flag}")
+                out.append(f"    {r.point.split('.', 1)[1]:11s} {error_text(r.propagated):>12s} "
+                           f"{error_text(r.local):>12s}{flag}")
         if self.layers:
             out.append(f"  every layer's output x at position {self.position}: "
                        f"propagated / local err of allowance")

@@ -82,12 +82,14 @@ def _fmt(v, col: str) -> str:
             return "pass" if v else "FAIL"
         return ("<<" if v else "") if col == "first_fail" else ("yes" if v else "no")
     if isinstance(v, float):
+        if col == "error" and not math.isfinite(v):
+            return "unbounded"             # NaN/Inf capture or a missing point (see note)
         if math.isnan(v):
             return "-"
         if col == "cosine":
             return f"{v:.9f}"
         if col in ("sqnr_db",):
-            return f"{v:.1f}"
+            return "exact" if v == math.inf else f"{v:.1f}"      # no noise at all
         if col == "ulp":
             return f"{v:.0f}" if v < 1e6 else f"{v:.2e}"
         return f"{v:.3g}"

@@ -112,20 +112,33 @@ class DecodeGraph:
         return self.state.logits
 
     def _capture(self):
-        # Warm up on a side stream (allocator, kernels) on a scratch copy of the state: the
-        # capture itself runs the body once more, so the real state must not advance twice.
-        saved = self.state.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.body()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.body()
-        for name, t in saved.__dict__.items():            # undo the warm-up and capture writes
-            if isinstance(t, torch.Tensor):
-                getattr(self.state, name).copy_(t)
+        self.graph = capture_without_advancing(self.state, self.body, _cuda_capture)
+
+
+def _cuda_capture(body):
+    """Warm up on a side stream (allocator, kernels), then capture one run of `body`."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph
+
+
+def capture_without_advancing(state, body, capture):
+    """capture(body) -> graph, with every tensor of `state` put back afterwards: warm-up and
+    capture both run the body (each writes the ring, lanes, logits), yet the step being
+    captured must advance the state once, when the graph is replayed. Device-free, so the
+    restore is tested on CPU with a stand-in for `capture`."""
+    saved = {name: t.clone() for name, t in state.__dict__.items()
+             if isinstance(t, torch.Tensor)}
+    graph = capture(body)
+    for name, t in saved.items():
+        getattr(state, name).copy_(t)
+    return graph
 
 
 def _describe(a):

@@ -1,6 +1,7 @@
 """Shared, cached captures for the ladder tests (one reference and one clean port run per
 session: every fault test compares against the same two ladders). Callers must not mutate."""
 import functools
+import os
 
 from ladder.capture import capture_port, capture_reference
 from ladder.cli import DEFAULT_PROMPT, DEFAULT_STEPS
@@ -9,7 +10,9 @@ from port.model import V2Model
 from reference.config import V2Config
 from reference.params import init_params
 
-FIXTURE = "tests/fixtures/v2_forward_vectors"
+# From this file, not the working directory: the suite runs from anywhere.
+FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
+                       "v2_forward_vectors")
 
 
 @functools.lru_cache(None)

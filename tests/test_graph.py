@@ -110,3 +110,33 @@ def test_runtime_selection_is_the_official_window_selection(models, tiny_cfg, po
     rt = eager.make_state().attn_runtime(eager)       # ring == window: slots are pos % window
     rt.decode_prep(0, pos)
     assert torch.equal(rt.idx_win, window_topk_idxs(tiny_cfg.kv_window, 1, pos)[0])
+
+
+def test_capture_puts_the_state_back_before_the_first_replay(models, monkeypatch):
+    """DecodeGraph._capture runs the body twice (warm-up, capture) and must leave the state
+    where prep left it. On CPU a stand-in for the CUDA capture runs the body eagerly."""
+    import port.graph
+    eager, graph = models
+    a, b = eager.make_state(), graph.make_state()
+    for t in (5, 9, 200):
+        eager.step(t, a)
+        graph.step(t, b)
+    g = b.decode_graph(graph)
+    g.prep(7)
+    before = {n: getattr(b, n).clone() for n in STATE}
+    runs = []
+
+    def stand_in(body):
+        for _ in range(2):
+            body()
+            runs.append(any(not torch.equal(getattr(b, n), before[n]) for n in STATE))
+        return "captured"
+    monkeypatch.setattr(port.graph, "_cuda_capture", stand_in)
+    g._capture()
+    assert g.graph == "captured" and runs == [True, True]    # the body did write the state
+    for n in STATE:
+        assert torch.equal(getattr(b, n), before[n]), n
+    # The first replay (here: the body once more) is then exactly the eager step.
+    assert torch.equal(g.body(), eager.step(7, a))
+    for n in STATE:
+        assert torch.equal(getattr(a, n), getattr(b, n)), n

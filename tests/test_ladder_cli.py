@@ -241,4 +241,4 @@ def test_run_from_a_cact_file_computes_from_the_codes(tmp_path):
     rc, text = run("run", "--cact", str(tmp_path / "t.cact"), "--steps", "3",
                    "--no-check-plain")
     assert rc == 0, text
-    assert "port (cq, cpu) vs reference" in text and "0 failing (PASS)" in text
+    assert "port (torch, eager, cq, cpu, " in text and "0 failing (PASS)" in text

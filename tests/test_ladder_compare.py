@@ -149,3 +149,70 @@ def test_results_print_what_failed():
     assert "1 failing (DIVERGENCE)" in text and "first divergence: decode00/logits" in text
     assert "FAIL" in str(cmp.first) and "first failing position 2" in str(cmp.first)
     assert str(compare_ladders(b, b, RuleSet(rules={"port/*": Rule(1e-5)}))).count("PASS") == 1
+
+
+def test_a_zero_reference_slice_reads_a_finite_error_and_is_the_worst():
+    """Engram keys at position 0 are exact zeros in the reference: the default rules' floor
+    keeps the allowance finite, so the error is v / ZERO_FLOOR, never `inf`, and the `worst:`
+    line names the same row as the first divergence."""
+    from ladder.rules import DEFAULT_RULES, ZERO_FLOOR
+    a, b = _pair()
+    b.values["prefill/embed"][0].zero_()
+    a.values["prefill/embed"][0].zero_()
+    assert compare_ladders(a, b, DEFAULT_RULES).passed          # exact zeros both sides
+    a.values["prefill/embed"][0, 3] = 1e-3
+    a.values["prefill/L00.x"][0, 0, 0] += 1e-2 * float(b.values["prefill/L00.x"][0].abs().max())
+    cmp = compare_ladders(a, b, DEFAULT_RULES)
+    r = cmp.row("prefill", "embed")
+    assert not r.passed and math.isclose(r.error, 1e-3 / ZERO_FLOOR, rel_tol=1e-6)
+    assert cmp.first.key == cmp.worst().key == "prefill/embed"
+    assert cmp.worst().error >= cmp.row("prefill", "L00.x").error > 1
+    assert "inf" not in str(cmp).replace("info", "")
+    from ladder.table import summary, to_text
+    assert "inf" not in to_text(summary(cmp.to_frame()))
+
+
+def test_worst_is_never_below_the_first_divergence():
+    a, b = _pair()
+    a.values["prefill/embed"][1, 0] = float("nan")               # unbounded, earliest
+    a.values["decode00/L00.x"][0, 0, 0] += 100.0                 # huge but finite, later
+    cmp = compare_ladders(a, b, RuleSet(rules={"port/*": Rule(1e-5)}))
+    assert cmp.first.key == cmp.worst().key == "prefill/embed"
+    assert "err unbounded of allowance" in str(cmp) and " inf " not in str(cmp)
+
+
+def test_a_failing_row_shows_its_first_failing_positions_error():
+    """The first-divergence row prints the error at its first failing position (the position
+    `locate` re-runs), and the step's worst separately."""
+    b = torch.ones(3, 4)
+    a = b.clone()
+    a[1, 0] += 0.2                            # first failing position: pos0 + 1, err 2
+    a[2, 0] += 0.5                            # worst: pos0 + 2, err 5
+    r = compare_point("prefill", "L00.x", a, b, "t/*", Rule(0.1), 1e-3, pos0=10)
+    assert r.first_bad_pos == 11 and r.worst_pos == 12
+    assert math.isclose(r.first_bad_error, 2.0, rel_tol=1e-6) and math.isclose(r.error, 5.0,
+                                                                                rel_tol=1e-6)
+    assert r.error_at(10) == 0.0 and math.isclose(r.error_at(11), 2.0, rel_tol=1e-6)
+    text = str(r)
+    assert "err         2 of allowance" in text
+    assert "first failing position 11 (worst 5 at position 12)" in text
+
+
+def test_an_argmax_flip_fails_logits_even_under_a_p99_rule():
+    """A p99 rule lets one flipped id through the value check; the argmax/top-k check must
+    still fail the logits row."""
+    g = torch.Generator().manual_seed(3)
+    vals = {}
+    for step, S in (("prefill", 2), ("decode00", 1)):
+        vals[f"{step}/logits"] = torch.randn(S, 400, generator=g)
+    a, b = _ladder(vals, label="port"), _ladder(vals, label="ref")
+    lg = a.values["decode00/logits"][0]
+    top = int(lg.argmax())
+    lg[top] = lg.min() - 1.0                    # the reference's argmax sinks to the bottom
+    rs = RuleSet(rules={"port/*": Rule(1e-5, stat="p99")})
+    assert rs.rules["port/*"].position_errors(a.values["decode00/logits"],
+                                              b.values["decode00/logits"])[0] <= 1.0
+    cmp = compare_ladders(a, b, rs)
+    row = cmp.row("decode00", "logits")
+    assert not row.passed and "argmax/top-k/KL check failed at position 2" in row.note
+    assert row.first_bad_pos == 2 and cmp.row("prefill", "logits").passed

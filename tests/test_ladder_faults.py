@@ -52,7 +52,7 @@ def test_fault_is_located_at_the_first_point_it_touches(name):
     # The harness, under the tolerance rules, against the reference: the same point.
     assert loc is not None, f"{name} went undetected"
     assert (loc.step, loc.point) == (step, touched), str(loc)
-    assert loc.position >= pos
+    assert loc.position == pos if fault.exact else loc.position >= pos
     if loc.layer is not None:          # the layer at fault is its own culprit
         own = {r.point: r for r in loc.injection}[loc.point]
         assert own.own and own.propagated > 1.0, str(loc)

@@ -1,0 +1,82 @@
+"""What a ladder run ran: one description of the port side, printed in every header and report.
+
+A number is only worth rerunning when the reader knows what produced it, so each run names its
+backend, decode mode, weight form, device and thread count, and the KV state the port stepped
+on: the one `make_state()` gives users (full causal where the config has no window), or the
+`--window` override, said as such.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PortRun:
+    backend: str
+    decode: str
+    weights: str
+    device: str
+    threads: str
+    ring: int                    # KV slots of the state the port steps on
+    window: int                  # its attention window (0: full causal)
+    state: str                   # how that state was made
+
+    def label(self) -> str:
+        """Short form for the comparison's first line."""
+        return (f"port ({self.backend}, {self.decode}, {self.weights}, {self.device}, "
+                f"{self.threads})")
+
+    def lines(self) -> list:
+        return [f"port: backend {self.backend}, decode {self.decode}, weights {self.weights}, "
+                f"device {self.device}, {self.threads}",
+                f"port state: {self.state}"]
+
+    def as_info(self) -> dict:
+        return {"port": f"backend {self.backend}, decode {self.decode}, weights "
+                        f"{self.weights}, device {self.device}, {self.threads}",
+                "port state": self.state}
+
+
+def thread_count(model) -> str:
+    """The threads that compute the port's products: torch's pool, or the C step's own."""
+    if getattr(model, "backend", "torch") == "native":
+        import ctypes
+        from kernels.native import lib
+        return f"{ctypes.c_int.in_dll(lib(), 'nat_threads').value} C threads"
+    return f"{torch.get_num_threads()} torch threads"
+
+
+def port_state_window(model, override):
+    """(ring, window, description) of the state the ladder steps the port on: make_state()
+    unless `override` (the --window value, or a fixture's recorded window) is given."""
+    made = model.make_state()
+    how = "make_state_full_causal()" if model.cfg.kv_window == 0 else "make_state()"
+    if override is None:
+        return made.ring, made.window, f"{how}: ring {made.ring}, window {made.window}"
+    return made.ring, int(override), (f"window {override} (overrides {how}'s window "
+                                       f"{made.window}; ring {made.ring})")
+
+
+def describe_port(model, weights: str, device, override=None) -> PortRun:
+    ring, window, how = port_state_window(model, override)
+    return PortRun(model.backend, model.decode, weights, str(device), thread_count(model),
+                   ring, window, how)
+
+
+def graph_verdict(model, checked: bool) -> str:
+    """What `--decode graph` was held to ("" for eager). The ladder records the traced eager
+    step; the graph step (host prep + device body, a CUDA graph replay on CUDA) is the plain
+    run that `capture_port(check_plain=True)` compares with it bit for bit, and a difference
+    stops the run there (TraceError, exit 1)."""
+    if model.decode != "graph":
+        return ""
+    if model.make_state().window == 0:
+        return ("decode graph: not exercised: make_state() is full causal and the graph step "
+                "needs a windowed ring (every step ran eagerly)")
+    if not checked:
+        return "decode graph: NOT checked against the eager step (--no-check-plain)"
+    how = "CUDA graph replay" if model.device.type == "cuda" else "body run eagerly on CPU"
+    return (f"decode graph: graph step ({how}) == traced eager step at every decode step "
+            f"(logits and caches, torch.equal)")
