@@ -100,9 +100,12 @@ def inject(model, ref: Ladder, layer: int, pos: int, base_state) -> dict:
     """Re-run the port's `layer` at `pos` from the reference's inputs; {point: value}.
 
     `base_state` is the port's own state after stepping through `pos`; it is cloned, and the
-    layer's ring rows for earlier positions are replaced by the reference's k/v there."""
+    layer's ring rows for earlier positions are replaced by the reference's k/v there. The
+    layer runs through `model.step_layer`, i.e. the implementation under test (the C layer
+    for backend="native", whose packed form holds no float32 matrices to read a dtype from:
+    the state's dtype is the one the port computes in)."""
     cfg = model.cfg
-    dtype = model.w["emb"].dtype
+    dtype = base_state.k.dtype
     st = base_state.clone()
     tag = lambda name: point_name(name, layer)
     for p in range(max(0, pos - st.ring + 1), pos):
