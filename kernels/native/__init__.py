@@ -189,10 +189,10 @@ def _bind(so):
 
 def _check_mirrors(so):
     """Refuse a library whose structs or capture table differ from the mirrors here."""
-    for which, mirror in enumerate((NModel, NState, CqMat)):
-        c_size = so.nat_struct_size(which)
+    for which, name in enumerate(("NModel", "NState", "CqMat")):
+        c_size, mirror = so.nat_struct_size(which), globals()[name]
         if c_size != ctypes.sizeof(mirror):
-            raise NativeMismatch(f"sizeof({mirror.__name__}) is {c_size} bytes in the C library "
+            raise NativeMismatch(f"sizeof({name}) is {c_size} bytes in the C library "
                                  f"but {ctypes.sizeof(mirror)} in its ctypes mirror "
                                  f"(kernels/native/__init__.py): update the mirror with native.h")
     names = tuple(so.nat_capture_name(i).decode() for i in range(so.nat_capture_count()))
