@@ -140,3 +140,21 @@ def test_every_native_switch_is_in_the_c_source():
     for f in FAULTS.values():
         if f.native.startswith("NEEDLE_FAULT_"):
             assert f"#ifdef {f.native}\n" in src, f.name
+
+
+@pytest.mark.parametrize("name", ["window_off_by_one"])
+def test_triton_faults_on_a_short_schedule(name):
+    # Triton attention runs under the interpreter on CPU: 8 positions (the window fills at
+    # the 8th) instead of the sweep's 18, and the fault in what the kernel is handed (the
+    # layer-math faults patch the same methods torch runs).
+    from ladder.capture import capture_reference
+    cfg, params, _, tokens, prompt = setup()
+    tokens = tokens[:cfg.kv_window]
+    ref = capture_reference(params, cfg, tokens, prompt)
+    model = V2Model.from_params(params, cfg, backend="triton")
+    point, pos = FAULTS[name].touches(cfg)
+    with planted(name, "triton"):
+        bad = capture_port(model, tokens, prompt)
+        loc = locate(compare_ladders(bad, ref), port=bad, ref=ref, model=model)
+    assert (loc.point, loc.position) == (point, pos), str(loc)
+    assert {r.point: r for r in loc.injection}[point].own, str(loc)

@@ -79,3 +79,28 @@ def test_locate_native_cq_on_a_divergence_prints_its_table(capsys):
     assert "hpost" in text and "<- own" in text
     assert "verdict: the layer's own error" in text
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_run_plant_demo_exits_1_at_the_planted_point(capsys):
+    lines = []
+    rc = main(["run", "--backend", "native", "--plant", "hpost_one"], out=lines.append)
+    text = "\n".join(lines)
+    assert rc == 1, text
+    assert lines[0].startswith("planted fault hpost_one in backend native")
+    assert "first divergence: prefill/L00.hpost" in text
+
+
+def test_list_faults_and_unplantable_faults(capsys):
+    from ladder.faults import FAULTS
+    lines = []
+    assert main(["run", "--list-faults"], out=lines.append) == 0
+    lines = "\n".join(lines).splitlines()
+    assert [ln.split()[0] for ln in lines] == list(FAULTS)
+    assert "cq_norms_f32" in lines[-1] and "backends torch, triton:" in lines[-1]
+    for argv, msg in ((["--plant", "nope"], "--plant nope: unknown"),
+                      (["--plant", "cq_norms_f32"], "lives in cq weights"),
+                      (["--plant", "cq_norms_f32", "--weights", "cq", "--backend", "native"],
+                       "cannot be planted: not in backend native")):
+        assert main(["run", *argv], out=lambda s: None) == 2
+        err = capsys.readouterr().err
+        assert msg in err and len(err.strip().splitlines()) == 1, err
