@@ -11,6 +11,9 @@
 4. Injection: the port's layer is re-run at the failing position from the reference's inputs
    to that layer (its lanes, its Engram keys/values, and the layer's KV history in the ring).
    The local error isolates the layer; the propagated error is what the chained run carries.
+   The re-run is the implementation under test (`V2Model.step_layer`): the C layer for
+   backend="native" (nat_layer, dense or packed), the Python layer with the backend's
+   attention kernel otherwise, so a bug in C code is blamed on its own layer.
 """
 from __future__ import annotations
 
