@@ -4,12 +4,16 @@ Both runners can also prove that tracing changed nothing: the same schedule run 
 (`forward_cached(trace=None)`; the port's `prefill_batch` + `step`) must give the same logits
 and caches bit for bit, or TraceError names the step (docs/design.md: checked before any fixture
 is written, and by `python -m ladder run`).
+
+Every ladder recorded here is held to the point registry (ladder/points.py) before it is
+returned: the same names, order and shapes from every implementation.
 """
 from __future__ import annotations
 
 import torch
 
 from reference.decode import forward_cached, init_kv_cache
+from .points import check_ladder, check_native_captures
 from .trace import Ladder, PortRecorder, ReferenceRecorder, TraceError, schedule
 
 
@@ -37,6 +41,7 @@ def capture_reference(params, cfg, tokens, prompt_len: int, *, window=None, keep
                                  f"step {st.name}: tracing must not change a bit")
         if progress is not None:
             progress.update(len(st.tokens))
+    check_ladder(ladder, cfg, keep)
     return ladder
 
 
@@ -45,6 +50,9 @@ def capture_port(model, tokens, prompt_len: int, *, window=None, keep=None,
     """The port one position at a time through `step_traced` (prefill positions too, so each
     is captured); with check_plain, the same tokens through `prefill_batch` and `step`."""
     from port.batch import V2Batch
+    if model.backend == "native":
+        from kernels import native
+        check_native_captures(native.CAPTURES)
     steps = schedule(tokens, prompt_len)
     ladder = Ladder(steps, label=label)
     state = model.make_state()
@@ -77,4 +85,5 @@ def capture_port(model, tokens, prompt_len: int, *, window=None, keep=None,
             if not torch.equal(getattr(plain, name), getattr(state, name)):
                 raise TraceError(f"{label}: state.{name} after the traced run differs from "
                                  f"the plain run's")
+    check_ladder(ladder, model.cfg, keep)
     return ladder

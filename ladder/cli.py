@@ -351,6 +351,9 @@ def _model_args(p, regen=False):
                    help="skip proving that tracing changes no bit (saves a third run)")
     p.add_argument("--fine", action="store_true", help="print every point, not the coarse ladder")
     p.add_argument("--per-step", action="store_true", help="print one row per (step, point)")
+    p.add_argument("--plant", metavar="FAULT", help="run the port with a known bug planted in "
+                   "the backend's own code (ladder/faults.py; demo: the run must exit 1)")
+    p.add_argument("--list-faults", action="store_true", help="list the plantable faults")
 
 
 def _memory_arg(p):
@@ -387,12 +390,35 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _with_fault(cmd, args, out) -> int:
+    """--list-faults, or the command with --plant's fault in the backend under test."""
+    from . import faults
+    if args.list_faults:
+        out(faults.describe())
+        return 0
+    fault = faults.FAULTS.get(args.plant)
+    weights = args.weights or ("cq" if args.cact else "dense")
+    if fault is None or fault.weights == "cq" != weights:     # layer-math faults fit both
+        raise LadderInputError(f"--plant {args.plant}: " + (
+            f"unknown; --list-faults names {len(faults.FAULTS)}" if fault is None else
+            f"lives in {fault.weights} weights, this run uses --weights {weights}"))
+    try:
+        ctx = faults.planted(args.plant, args.backend)
+    except faults.FaultError as e:
+        raise LadderInputError(str(e)) from None
+    out(f"planted fault {fault.name} in backend {args.backend}: {fault.what}")
+    with ctx:
+        return cmd(args, out)
+
+
 def main(argv=None, out=print) -> int:
     args = parser().parse_args(argv)
     cmd = {"run": cmd_run, "locate": cmd_locate, "report": cmd_report, "regen": cmd_regen,
            "rules": cmd_rules}[args.cmd]
     try:
         check_args(args)                    # every flag, before any work (ladder/args.py)
+        if getattr(args, "list_faults", False) or getattr(args, "plant", None):
+            return _with_fault(cmd, args, out)
         return cmd(args, out)
     except TraceError as e:
         print(f"divergence: {e}", file=sys.stderr)

@@ -1,10 +1,18 @@
-"""Planted faults: known bugs switched into the port from the ladder side, for tests only.
+"""Planted faults: known bugs switched into the port from the ladder side, for tests and the
+`python -m ladder run --plant FAULT` demo.
 
-Each fault is a context manager that monkeypatches port internals (module globals, V2Model
-methods) and restores them on exit; nothing under port/ is edited. Where a bug lives inside
-the body of `V2Model._layer` or `_attention`, the fault recompiles that method from its own
-source with one line changed (a mutation): if the port's source moves on, the fault refuses
-with the text it looked for, instead of silently planting nothing.
+Every backend the project ships gets the fault in its own code:
+- torch and triton (they share V2Model's Python layer; triton swaps only the attention
+  kernel): a context manager monkeypatches port internals (module globals, V2Model methods)
+  and restores them on exit; nothing under port/ is edited. Where a bug lives inside the body
+  of `V2Model._layer` or `_attention`, the fault recompiles that method from its own source
+  with one line changed (a mutation): if the port's source moves on, the fault refuses with
+  the text it looked for, instead of silently planting nothing.
+- native: the same bug as a compile-time switch of the C step (`-DNEEDLE_FAULT_...` in
+  kernels/native/needle_step.c), built into its own cached library and swapped in by
+  `kernels.native.planted_build`. Host-side faults (the n-gram hash is computed in Python for
+  both) plant the same patch. A fault with no counterpart in a backend says why
+  (`Fault.not_in(backend)`), and planting it there raises FaultError.
 
 Every fault declares the capture point it touches first and the first position where it can
 show. tests/test_ladder_faults.py checks the declaration bit for bit (clean port vs faulty
@@ -20,11 +28,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 import port.model as pm
-from port.model import V2Model
+from port.model import BACKENDS, V2Model
 
 
 class FaultError(RuntimeError):
     """A fault that cannot be planted in this port (names the fault and what it needs)."""
+
+
+HOST = "host"      # Fault.native: the torch-side patch applies to the native backend as is
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,32 @@ class Fault:
     weights: str = "dense"   # the port weight form the fault lives in
     at_load: bool = False    # acts while the model is built: plant it before from_params
     requires: Callable = lambda: ""     # () -> what this port lacks for it ("" if nothing)
+    native: str = ""         # the C step's switch (NEEDLE_FAULT_...), or HOST: the patch above
+                             # acts on host code the native backend runs too
+    not_native: str = ""     # why the C step has no counterpart (when `native` is empty)
+
+    def not_in(self, backend: str) -> str:
+        """Why this fault cannot be planted in `backend` ("" when it can)."""
+        if backend not in BACKENDS:
+            return f"unknown backend {backend!r} (known: {BACKENDS})"
+        if backend == "native" and not self.native:
+            return self.not_native or "it has no counterpart in the C step"
+        return ""
+
+    def plant_in(self, backend: str = "torch", **kw):
+        """The context manager that plants this fault in `backend`'s implementation."""
+        if self.not_in(backend):
+            raise FaultError(f"fault {self.name} cannot be planted: not in backend {backend}: "
+                             f"{self.not_in(backend)}")
+        if self.needs:
+            raise FaultError(f"fault {self.name} cannot be planted: {self.needs}")
+        if backend == "native" and self.native != HOST:
+            if kw:
+                raise FaultError(f"fault {self.name}: the C switch {self.native} is fixed at "
+                                 f"build time; parameters {sorted(kw)} apply to torch only")
+            from kernels import native
+            return native.planted_build(self.native)
+        return self.plant(**kw)
 
     @property
     def needs(self) -> str:
@@ -114,6 +151,12 @@ def y_minus_bx():
                                                       "y = z + mo - bx"))
 
 
+def hpost_one():
+    """hpost = 1 * sigmoid(...) instead of 2 * sigmoid(...): the lanes' write-back halved."""
+    return _patched(V2Model, "_layer", _mutated_layer("hpost_one", "hpost = 2 * sigmoid(",
+                                                      "hpost = 1 * sigmoid("))
+
+
 def attn_gate_skipped():
     return _patched(V2Model, "_attention",
                     _mutated_layer("attn_gate_skipped", "(o * gate,", "(o,", "_attention"))
@@ -175,33 +218,53 @@ def _first_engram_row(cfg) -> int:
 
 FAULTS = {f.name: f for f in (
     Fault("sinkhorn_19", "19 log-domain Sinkhorn iterations instead of 20",
-          sinkhorn_iters, lambda cfg: ("L00.hres", 0), exact=False),
+          sinkhorn_iters, lambda cfg: ("L00.hres", 0), exact=False,
+          native="NEEDLE_FAULT_SINKHORN_19"),
     Fault("rope_pos_plus_1", "RoPE applied at pos+1 in layer 3 (q and k)",
-          rope_shift, lambda cfg: ("L03.q", 0)),
+          rope_shift, lambda cfg: ("L03.q", 0), native="NEEDLE_FAULT_ROPE_POS_PLUS_1"),
     Fault("y_minus_bx", "y = block - bx instead of block - u (differs on Engram layers only)",
           y_minus_bx,
-          lambda cfg: (f"L{min(cfg.engram_layers):02d}.y", _first_engram_row(cfg))),
+          lambda cfg: (f"L{min(cfg.engram_layers):02d}.y", _first_engram_row(cfg)),
+          native="NEEDLE_FAULT_Y_MINUS_BX"),
     Fault("window_off_by_one", "attention window one position short",
-          window_off_by_one, lambda cfg: ("L00.attn", cfg.kv_window - 1)),
+          window_off_by_one, lambda cfg: ("L00.attn", cfg.kv_window - 1),
+          native="NEEDLE_FAULT_WINDOW_SHORT"),
     Fault("engram_hash_seed", "Engram hash seed 0x9E3779B8 instead of 0x9E3779B9",
-          hash_seed, lambda cfg: ("engram_k0", _first_engram_row(cfg))),
+          hash_seed, lambda cfg: ("engram_k0", _first_engram_row(cfg)), native=HOST),
     Fault("attn_gate_skipped", "attention output gate (sigmoid(gate_proj)) skipped",
-          attn_gate_skipped, lambda cfg: ("L00.attn_out", 0)),
+          attn_gate_skipped, lambda cfg: ("L00.attn_out", 0),
+          native="NEEDLE_FAULT_ATTN_GATE_SKIPPED"),
     Fault("residual_gate_skipped", "sigmoid(attn_gate) on the attention residual skipped",
-          residual_gate_skipped, lambda cfg: ("L00.mlp_in", 0)),
+          residual_gate_skipped, lambda cfg: ("L00.mlp_in", 0),
+          native="NEEDLE_FAULT_RESIDUAL_GATE_SKIPPED"),
+    Fault("hpost_one", "hpost = 1*sigmoid(...) instead of 2*sigmoid(...) (lane write-back)",
+          hpost_one, lambda cfg: ("L00.hpost", 0), native="NEEDLE_FAULT_HPOST_ONE"),
     # The Engram key projection is the first CQ product in forward order (the embedding row
     # is a lookup of the dequantised table, the same on both sides).
     Fault("cq_norms_f32", "CQ group norms (float16 in the file) read as float32",
           cq_norms_f32, lambda cfg: ("engram_k0", _first_engram_row(cfg)), weights="cq",
-          at_load=True, requires=_cq_missing),
+          at_load=True, requires=_cq_missing,
+          not_native="the C step reads the norms port/native.py hands it as float32 tensors, "
+                     "not through CqWeight._prerotation, and has no switch for this bug"),
 )}
 
 
-def planted(name: str, **kw):
-    """`with planted("sinkhorn_19"): ...` runs the port with that fault."""
+def describe() -> str:
+    """One line per fault: name, first touched point (tiny preset), backends, what it is."""
+    from reference.config import V2Config
+    cfg = V2Config.preset("tiny")
+    lines = []
+    for f in FAULTS.values():
+        point, pos = f.touches(cfg)
+        where = ", ".join(b for b in BACKENDS if not f.not_in(b))
+        form = "cq weights only" if f.weights == "cq" else "dense or cq"
+        lines.append(f"{f.name:22s} first touches {point} at position {pos} (tiny); "
+                     f"{form}; backends {where}: {f.what}")
+    return "\n".join(lines)
+
+
+def planted(name: str, backend: str = "torch", **kw):
+    """`with planted("sinkhorn_19", "native"): ...` runs that backend with that fault."""
     if name not in FAULTS:
         raise KeyError(f"no fault {name!r}; known: {sorted(FAULTS)}")
-    fault = FAULTS[name]
-    if not fault.available:
-        raise FaultError(f"fault {name} cannot be planted: {fault.needs}")
-    return fault.plant(**kw)
+    return FAULTS[name].plant_in(backend, **kw)

@@ -11,6 +11,9 @@
 4. Injection: the port's layer is re-run at the failing position from the reference's inputs
    to that layer (its lanes, its Engram keys/values, and the layer's KV history in the ring).
    The local error isolates the layer; the propagated error is what the chained run carries.
+   The re-run is the implementation under test (`V2Model.step_layer`): the C layer for
+   backend="native" (nat_layer, dense or packed), the Python layer with the backend's
+   attention kernel otherwise, so a bug in C code is blamed on its own layer.
 """
 from __future__ import annotations
 
@@ -103,9 +106,12 @@ def inject(model, ref: Ladder, layer: int, pos: int, base_state) -> dict:
     """Re-run the port's `layer` at `pos` from the reference's inputs; {point: value}.
 
     `base_state` is the port's own state after stepping through `pos`; it is cloned, and the
-    layer's ring rows for earlier positions are replaced by the reference's k/v there."""
+    layer's ring rows for earlier positions are replaced by the reference's k/v there. The
+    layer runs through `model.step_layer`, i.e. the implementation under test (the C layer
+    for backend="native", whose packed form holds no float32 matrices to read a dtype from:
+    the state's dtype is the one the port computes in)."""
     cfg = model.cfg
-    dtype = model.w["emb"].dtype
+    dtype = base_state.k.dtype
     st = base_state.clone()
     tag = lambda name: point_name(name, layer)
     for p in range(max(0, pos - st.ring + 1), pos):

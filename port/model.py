@@ -403,18 +403,20 @@ class V2Model:
     def step_layer(self, i: int, lanes, state: V2State, pos: int, engram=None, trace=None):
         """Injection: run only layer `i` at position `pos` (already stepped into `state`) on the
         given lanes [n, d], with `engram` = [(k [d], v [d]) per site] (default: recomputed
-        from the state's tokens). Overwrites that layer's K/V at `pos`: pass `state.clone()`.
-        Returns the lanes after the layer."""
+        from the state's tokens). Runs the implementation under test: the C layer for
+        backend="native" (port/native.py run_layer), else this class's `_layer` (whose
+        attention goes through the backend's kernel). Overwrites that layer's K/V at `pos`:
+        pass `state.clone()`. Returns the lanes after the layer."""
         if not 0 <= i < self.cfg.num_layers or not 0 <= pos < state.pos:
             raise StepError(f"layer {i} / position {pos} outside 0..{self.cfg.num_layers - 1}"
                             f" / 0..{state.pos - 1}")
-        if "qkvg_t" not in self.w:
-            raise StepError("injection runs the torch layer on dense weights; this native "
-                            "model holds only packed codes (build it with weights='dense')")
+        if self.backend == "native":
+            from .native import run_layer
+            return run_layer(self, self._native, i, lanes, state, pos, engram, trace)
         if engram is None:
             engram = self._engram(state.clone(), pos, 1, None)
         eng = [(k.reshape(1, -1), v.reshape(1, -1)) for k, v in engram]
-        X = lanes.reshape(1, self.cfg.mhc_lanes, self.cfg.d_model).to(self.w["emb"])
+        X = lanes.reshape(1, self.cfg.mhc_lanes, self.cfg.d_model).to(state.k)
         cos, sin = self.w["cos"][pos:pos + 1, None, :], self.w["sin"][pos:pos + 1, None, :]
         return self._layer(i, X, eng, state, pos, cos, sin, trace)[0]
 

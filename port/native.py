@@ -34,7 +34,7 @@ class NativeModel:
         if w["rotate"]:
             raise ValueError("backend='native' computes on dense float32 matrices or on the "
                              "packed codes; build it with weights='dense' or from a .cact")
-        self.lib = native.lib()
+        native.lib()                    # built (or refused) at load, not at the first step
         self.cfg, keep = cfg, []
         self.packed = packed is not None
 
@@ -108,6 +108,12 @@ class NativeModel:
             site.pop("tables")
             site.pop("kv")
 
+    @property
+    def lib(self):
+        """The library of each call: the clean build, or a planted fault's (ladder/faults.py);
+        the bound NModel is the same for both."""
+        return native.lib()
+
     @staticmethod
     def _capture_sizes(cfg) -> dict:
         n, d, H, KV, hd = cfg.mhc_lanes, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, \
@@ -150,18 +156,15 @@ class NativeBuffers:
         self.valid = (ctypes.c_uint8 * m)()
 
 
-def run_rows(model, nm: NativeModel, tokens: list, state, pos0: int, logits, trace,
-             want_logits: bool, pool=None):
-    """Feed `tokens` (already appended to state.tokens/valid) at pos0 through the C step."""
+def _host_rows(nm: NativeModel, b: "NativeBuffers", state, pos0: int, m: int):
+    """The host's part of positions pos0..pos0+m-1 (tokens already in state.tokens/valid):
+    token ids, the Engram n-gram table rows and their presence, tap and key presence."""
     from .model import ngram_rows
-    cfg, m = model.cfg, len(tokens)
-    b = nm.buffers(state)
-    b.grow(m)
-    b.s.window = state.window
+    cfg = nm.cfg
     S, valid, dil = cfg.engram_slots, state.valid, cfg.engram_dilation
-    for r, tok in enumerate(tokens):
+    for r in range(m):
         p = pos0 + r
-        b.tok[r] = tok
+        b.tok[r] = state.tokens[p]
         b.valid[r] = valid[p]
         if nm.T and cfg.num_sites:
             for t, row in enumerate(ngram_rows(cfg, state.tokens, p)):
@@ -170,21 +173,66 @@ def run_rows(model, nm: NativeModel, tokens: list, state, pos0: int, logits, tra
                 b.ok[r * nm.T + t] = 1.0 if p - (o - 1) >= 0 and valid[p - (o - 1)] else 0.0
             for j in range(cfg.engram_taps):
                 b.tap_ok[r * cfg.engram_taps + j] = p - j * dil >= 0 and valid[p - j * dil]
-    caps = None
+
+
+def _capture_buffers(nm: NativeModel):
+    """Zeroed capture tensors per point and the C array of their pointers (CAPTURES order)."""
+    caps = {name: torch.zeros(_rows_of(name, nm.cfg), *shape)
+            for name, shape in nm.sizes.items()}
+    return caps, (native._P * len(native.CAPTURES))(*[ptr(caps[k]) for k in native.CAPTURES])
+
+
+def run_rows(model, nm: NativeModel, tokens: list, state, pos0: int, logits, trace,
+             want_logits: bool, pool=None):
+    """Feed `tokens` (already appended to state.tokens/valid) at pos0 through the C step."""
+    m = len(tokens)
+    b = nm.buffers(state)
+    b.grow(m)
+    b.s.window = state.window
+    _host_rows(nm, b, state, pos0, m)
+    caps = caps_arr = None
     if trace or pool is not None:
-        caps = {name: torch.zeros(_rows_of(name, cfg), *shape)
-                for name, shape in nm.sizes.items()}
-        order = native.CAPTURES + ("embed", "engram_k", "engram_v")
-        caps_arr = (native._P * len(order))(*[ptr(caps[k]) for k in order])
+        caps, caps_arr = _capture_buffers(nm)
     out = state.logits if logits is None else logits
     rc = nm.lib.nat_rows(ctypes.byref(nm.m), ctypes.byref(b.s), m, pos0, b.tok, b.flat, b.ok,
-                         b.tap_ok, b.valid, ptr(b.scratch), caps_arr if caps else None,
-                         int(want_logits), ptr(out))
+                         b.tap_ok, b.valid, ptr(b.scratch), caps_arr, int(want_logits),
+                         ptr(out))
     if rc != 0:                          # the caller checked everything: a bug if reached
         raise RuntimeError(f"native step refused positions {pos0}..{pos0 + m - 1}")
     if caps is not None:
         _emit(model, caps, trace, pool, state, pos0, want_logits, out)
     return out if want_logits else None
+
+
+def run_layer(model, nm: NativeModel, i: int, lanes, state, pos: int, engram, trace):
+    """Injection on the C step: layer i alone at `pos` (already stepped into `state`) on
+    `lanes` [n, d], through nat_layer: the same C code and scratch as a step. `engram`:
+    [(k [d], v [d]) per site], or None to compute them in C from the state's tokens. Writes
+    layer i's K/V at pos into `state` (pass a clone). Returns the lanes after the layer."""
+    cfg = nm.cfg
+    b = nm.buffers(state)
+    b.s.window = state.window
+    _host_rows(nm, b, state, pos, 1)
+    X = lanes.detach().reshape(cfg.mhc_lanes, cfg.d_model).to(torch.float32).clone()
+    ek = ev = None
+    if engram is not None:
+        if len(engram) != cfg.num_sites:
+            raise ValueError(f"engram holds {len(engram)} sites; the model has "
+                             f"{cfg.num_sites}")
+        ek = torch.stack([k.reshape(cfg.d_model) for k, _ in engram]).float().contiguous() \
+            if engram else torch.zeros(1, cfg.d_model)
+        ev = torch.stack([v.reshape(cfg.d_model) for _, v in engram]).float().contiguous() \
+            if engram else torch.zeros(1, cfg.d_model)
+    caps, caps_arr = _capture_buffers(nm) if trace else (None, None)
+    rc = nm.lib.nat_layer(ctypes.byref(nm.m), ctypes.byref(b.s), i, pos, ptr(X),
+                          ptr(ek) if ek is not None else None,
+                          ptr(ev) if ev is not None else None, b.flat, b.ok, b.tap_ok,
+                          b.valid[0], ptr(b.scratch), caps_arr)
+    if rc != 0:
+        raise RuntimeError(f"native layer refused layer {i} at position {pos}")
+    if caps is not None:
+        _emit_layer(cfg, caps, nm.sizes, trace, i)
+    return X
 
 
 def _rows_of(name: str, cfg) -> int:
@@ -208,15 +256,16 @@ def _emit(model, caps, trace, pool, state, pos0, want_logits, out):
         trace(f"engram_k{s}", None, caps["engram_k"][s])
         trace(f"engram_v{s}", None, caps["engram_v"][s])
     for i in range(cfg.num_layers):
-        for name in ("nx", "hpre", "u", "alpha", "bx", "h_in", "q", "k", "v", "attn", "gate",
-                     "attn_out", "attn_post", "mlp_in", "mlp_out", "block_out", "y", "hpost",
-                     "res_logits", "hres"):
-            if name == "alpha" and cfg.site_of_layer(i) is None:
-                continue
-            trace(name, i, caps[name][i].reshape(sizes[name]))
-        trace("x", i, caps["x"][i])
+        _emit_layer(cfg, caps, sizes, trace, i)
     trace("lane_mean", None, caps["lane_mean"][0])
     trace("final_norm", None, state.hidden)
     if want_logits:
         trace("logits", None, out)
 
+
+
+def _emit_layer(cfg, caps, sizes, trace, i):
+    for name in native.CAPTURES[:native.CAPTURES.index("lane_mean")]:
+        if name == "alpha" and cfg.site_of_layer(i) is None:
+            continue
+        trace(name, i, caps[name][i].reshape(sizes[name]))

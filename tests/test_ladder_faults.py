@@ -1,5 +1,8 @@
 """The harness must find real bugs: every planted fault is located at exactly the first capture
-point it touches, and the clean port passes everything."""
+point it touches, in every backend it applies to (the torch port's Python and the native C
+step, each planted in its own code), and the clean port passes everything."""
+import functools
+
 import pytest
 import torch
 
@@ -7,45 +10,74 @@ from ladder.capture import capture_port
 from ladder.compare import compare_ladders, first_bit_difference
 from ladder.faults import FAULTS, FaultError, _mutated_layer, planted
 from ladder.locate import locate
-from ladder_common import clean_port_ladder, port_model, reference_ladder, setup
+from ladder_common import clean_port_ladder, cq_file, port_model, reference_ladder, setup
+from port.model import V2Model
+
+# triton shares every patched method with torch (it swaps only the attention kernel) and runs
+# under the Triton interpreter on CPU, too slow for a fault sweep: torch stands for both here.
+BACKENDS = ("torch", "native")
+
+
+def _model(weights, backend):
+    if backend == "torch":
+        return port_model(weights)
+    cfg, params = setup()[:2]
+    if weights == "dense":
+        return V2Model.from_params(params, cfg, backend="native")
+    return V2Model.from_cactfile(cq_file(), weights, backend="native")
+
+
+@functools.lru_cache(None)
+def _clean(weights, backend):
+    if backend == "torch":
+        return clean_port_ladder(weights)
+    _, _, _, tokens, prompt = setup()
+    return capture_port(_model(weights, backend), tokens, prompt)
 
 
 @pytest.mark.parametrize("weights", ["dense", "cq"])
-def test_clean_port_passes_every_point(weights):
-    if weights == "cq" and FAULTS["cq_norms_f32"].needs:      # CQ port not (yet) present
-        pytest.skip(FAULTS["cq_norms_f32"].needs)
-    cmp = compare_ladders(clean_port_ladder(weights), reference_ladder(weights))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_clean_port_passes_every_point(weights, backend):
+    cmp = compare_ladders(_clean(weights, backend), reference_ladder(weights))
     assert cmp.passed and cmp.first is None, str(cmp)
     assert len(cmp.rows) == len(reference_ladder(weights))
     assert all(r.passed and r.argmax_agree for r in cmp.logits)
     assert locate(cmp) is None
 
 
-def _faulty(name):
+def _faulty(name, backend="torch", weights=None):
     fault = FAULTS[name]
-    cfg, params, model, tokens, prompt = setup()
-    ref = reference_ladder(fault.weights)
-    if fault.weights != "dense" and not fault.at_load:
-        model = port_model(fault.weights)
-    with planted(name):
+    weights = weights or fault.weights
+    _, _, _, tokens, prompt = setup()
+    ref = reference_ladder(weights)
+    model = None if fault.at_load else _model(weights, backend)
+    with planted(name, backend):
         if fault.at_load:
-            model = port_model(fault.weights)
+            model = _model(weights, backend)
         bad = capture_port(model, tokens, prompt)
         cmp = compare_ladders(bad, ref)
         loc = locate(cmp, port=bad, ref=ref, model=model)
     return bad, cmp, loc
 
 
-@pytest.mark.parametrize("name", sorted(FAULTS))
-def test_fault_is_located_at_the_first_point_it_touches(name):
+def _cases():
+    return [(n, b) for n in sorted(FAULTS) for b in BACKENDS]
+
+
+@pytest.mark.parametrize("name,backend", _cases())
+def test_fault_is_located_at_the_first_point_it_touches(name, backend):
     fault = FAULTS[name]
-    if not fault.available:
-        pytest.skip(f"{name}: {fault.needs}")
+    if fault.not_in(backend):          # says so instead of planting nothing
+        with pytest.raises(FaultError, match=f"{name} cannot be planted: not in backend "
+                                             f"{backend}: .+"):
+            planted(name, backend)
+        return
     cfg, params, model, tokens, prompt = setup()
-    bad, cmp, loc = _faulty(name)
+    bad, cmp, loc = _faulty(name, backend)
     point, earliest = fault.touches(cfg)
-    # The oracle involves no tolerance: the first value the fault changes at all.
-    clean = clean_port_ladder(fault.weights)
+    # The oracle involves no tolerance: the first value the fault changes at all, against the
+    # same backend's clean run (so native's points are its own captures, not the torch port's).
+    clean = _clean(fault.weights, backend)
     step, touched, pos = first_bit_difference(bad, clean)
     assert touched == point, f"{name} touches {touched} first, declares {point}"
     assert pos == earliest if fault.exact else pos >= earliest
@@ -57,8 +89,19 @@ def test_fault_is_located_at_the_first_point_it_touches(name):
         own = {r.point: r for r in loc.injection}[loc.point]
         assert own.own and own.propagated > 1.0, str(loc)
     # Leaving the context restores the port bit for bit.
-    fresh = port_model(fault.weights)
+    fresh = _model(fault.weights, backend)
     assert torch.equal(fresh.step(tokens[0], fresh.make_state()), clean["prefill/logits"][0])
+
+
+@pytest.mark.parametrize("weights", ["dense", "cq"])
+def test_a_fault_in_the_c_step_is_blamed_on_its_own_layer(weights):
+    # hpost = 1*sigmoid in needle_step.c only: locate re-runs the C layer (nat_layer), so the
+    # local error at L00.hpost is the fault's, not a re-run of the torch layer's (issue 13).
+    _, cmp, loc = _faulty("hpost_one", "native", weights)
+    assert (loc.step, loc.point, loc.position) == ("prefill", "L00.hpost", 0), str(loc)
+    own = {r.point: r for r in loc.injection}["L00.hpost"]
+    assert own.own and own.local > 100, str(loc)
+    assert "own error" in loc.verdict
 
 
 def test_injection_tells_own_error_from_inherited():
@@ -85,3 +128,33 @@ def test_an_unavailable_fault_says_what_it_needs(monkeypatch):
         planted("cq_norms_f32")
     with pytest.raises(KeyError, match="no fault 'nope'"):
         planted("nope")
+    with pytest.raises(FaultError, match="switch NEEDLE_FAULT_ROPE_POS_PLUS_1 is fixed"):
+        planted("rope_pos_plus_1", "native", shift=2)
+
+
+def test_every_native_switch_is_in_the_c_source():
+    # A switch the C source never tests would build a clean library: "nothing planted".
+    import os
+    from kernels import native
+    src = open(os.path.join(os.path.dirname(native.__file__), "needle_step.c")).read()
+    for f in FAULTS.values():
+        if f.native.startswith("NEEDLE_FAULT_"):
+            assert f"#ifdef {f.native}\n" in src, f.name
+
+
+@pytest.mark.parametrize("name", ["window_off_by_one"])
+def test_triton_faults_on_a_short_schedule(name):
+    # Triton attention runs under the interpreter on CPU: 8 positions (the window fills at
+    # the 8th) instead of the sweep's 18, and the fault in what the kernel is handed (the
+    # layer-math faults patch the same methods torch runs).
+    from ladder.capture import capture_reference
+    cfg, params, _, tokens, prompt = setup()
+    tokens = tokens[:cfg.kv_window]
+    ref = capture_reference(params, cfg, tokens, prompt)
+    model = V2Model.from_params(params, cfg, backend="triton")
+    point, pos = FAULTS[name].touches(cfg)
+    with planted(name, "triton"):
+        bad = capture_port(model, tokens, prompt)
+        loc = locate(compare_ladders(bad, ref), port=bad, ref=ref, model=model)
+    assert (loc.point, loc.position) == (point, pos), str(loc)
+    assert {r.point: r for r in loc.injection}[point].own, str(loc)

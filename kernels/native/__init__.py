@@ -6,6 +6,11 @@ named by a hash of the source, the flags, the compiler's version and the CPU, an
 atomically, so concurrent first uses and upgrades never load a stale or half-written build.
 The flags keep IEEE float32 semantics (no fast-math, no FMA contraction): the bits depend on
 the source and the C library's expf/logf, not on the vector width the compiler picks.
+
+On load the library's own capture table (nat_capture_name) and struct sizes (nat_struct_size)
+are checked against the mirrors below; a mismatch refuses with NativeMismatch naming both.
+`planted_build("NEEDLE_FAULT_...")` switches to a build with one compile-time fault (its own
+cached library; ladder/faults.py uses it to prove the harness locates bugs in the C step).
 """
 from __future__ import annotations
 
@@ -15,7 +20,9 @@ import os
 import platform
 import shutil
 import subprocess
+import re
 import tempfile
+from contextlib import contextmanager
 
 import torch
 
@@ -29,13 +36,20 @@ FLAGS = ["-O3", f"-march={MARCH}", "-ffp-contract=off", "-fno-fast-math", "-fope
          "-shared"]
 CAPTURES = ("nx", "hpre", "u", "alpha", "bx", "h_in", "q", "k", "v", "attn", "gate",
             "attn_out", "attn_post", "mlp_in", "mlp_out", "block_out", "y", "hpost",
-            "res_logits", "hres", "x", "lane_mean")        # the C enum's order
+            "res_logits", "hres", "x", "lane_mean", "embed", "engram_k", "engram_v")
+# ^ the order of the step's `cap` array: checked against the C table (nat_capture_name) at load
 
-_lib = None
+_libs: dict = {}            # defines -> loaded library
+_planted: tuple = ()        # the compile-time fault switches of the library lib() returns
 
 
 class NativeUnavailable(RuntimeError):
     """The native step cannot be built or loaded here (no C compiler, or it failed)."""
+
+
+class NativeMismatch(RuntimeError):
+    """The loaded library does not match its ctypes mirror (struct sizes or capture table):
+    a stale or foreign build, or a C edit without the matching Python edit."""
 
 
 _P = ctypes.POINTER(ctypes.c_float)
@@ -99,8 +113,13 @@ def _cpu_id() -> str:
     return platform.machine() + "".join(lines)
 
 
-def build() -> str:
-    """Path of the shared library, compiling it when no matching build is cached."""
+def build(defines: tuple = ()) -> str:
+    """Path of the shared library, compiling it when no matching build is cached. `defines`:
+    compile-time fault switches (NEEDLE_FAULT_...), each set built and cached on its own."""
+    for d in defines:
+        if not re.fullmatch(r"NEEDLE_FAULT_[A-Z0-9_]+", d):
+            raise ValueError(f"{d!r} is not a fault switch (NEEDLE_FAULT_[A-Z0-9_]+)")
+    flags = FLAGS + [f"-D{d}" for d in sorted(defines)]
     cc = _compiler()
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True,
@@ -118,7 +137,7 @@ def build() -> str:
             raise NativeUnavailable(f"cannot read the native step's source {path}: "
                                     f"{e.strerror}; this install of needle-parity lacks its "
                                     f"C files (reinstall it), or use the torch backend") from e
-    key = hashlib.sha256(src + " ".join(FLAGS).encode() + version.encode()
+    key = hashlib.sha256(src + " ".join(flags).encode() + version.encode()
                          + _cpu_id().encode()).hexdigest()[:16]
     out_dir = _cache_dir()
     path = os.path.join(out_dir, f"needle_step-{key}.so")
@@ -128,7 +147,7 @@ def build() -> str:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        res = subprocess.run([cc, *FLAGS, "-o", tmp, *SOURCES, "-lm"], capture_output=True,
+        res = subprocess.run([cc, *flags, "-o", tmp, *SOURCES, "-lm"], capture_output=True,
                              text=True, timeout=300)
         if res.returncode != 0:
             raise NativeUnavailable(f"compiling {SOURCES} with {cc} failed:\n{res.stderr}")
@@ -140,25 +159,66 @@ def build() -> str:
 
 
 def lib():
-    """The loaded library (built on first use)."""
-    global _lib
-    if _lib is None:
-        so = ctypes.CDLL(build())
-        so.nat_gemm.argtypes = [_P, _I64, _P, _I64, _I64, _P]
-        so.nat_set_threads.argtypes = [_I64]
-        cqp = ctypes.POINTER(CqMat)
-        so.nat_cq_product.argtypes = [cqp, _I64, _P, _I64, _I64, _P, _I64, _P]
-        so.nat_cq_rotate.argtypes = [_P, _I64, _I64, _P]
-        so.nat_cq_row.argtypes = [cqp, _I64, _P, _P]
-        so.nat_sinkhorn.argtypes = [_P, _I64, _I64]
-        so.nat_scratch_floats.argtypes = [ctypes.POINTER(NModel), _I64]
-        so.nat_scratch_floats.restype = _I64
-        i64p, u8p = ctypes.POINTER(_I64), ctypes.POINTER(ctypes.c_uint8)
-        so.nat_rows.argtypes = [ctypes.POINTER(NModel), ctypes.POINTER(NState), _I64, _I64,
-                                i64p, i64p, _P, u8p, u8p, _P, ctypes.POINTER(_P), _I64, _P]
-        so.nat_rows.restype = _I64
-        _lib = so
-    return _lib
+    """The loaded library (built on first use): the clean build, or inside `planted_build`
+    the faulty one."""
+    so = _libs.get(_planted)
+    if so is None:
+        so = _bind(ctypes.CDLL(build(_planted)))
+        _check_mirrors(so)
+        _libs[_planted] = so
+    return so
+
+
+def _bind(so):
+    so.nat_gemm.argtypes = [_P, _I64, _P, _I64, _I64, _P]
+    so.nat_set_threads.argtypes = [_I64]
+    cqp = ctypes.POINTER(CqMat)
+    so.nat_cq_product.argtypes = [cqp, _I64, _P, _I64, _I64, _P, _I64, _P]
+    so.nat_cq_rotate.argtypes = [_P, _I64, _I64, _P]
+    so.nat_cq_row.argtypes = [cqp, _I64, _P, _P]
+    so.nat_sinkhorn.argtypes = [_P, _I64, _I64]
+    so.nat_scratch_floats.argtypes = [ctypes.POINTER(NModel), _I64]
+    so.nat_scratch_floats.restype = _I64
+    i64p, u8p = ctypes.POINTER(_I64), ctypes.POINTER(ctypes.c_uint8)
+    so.nat_rows.argtypes = [ctypes.POINTER(NModel), ctypes.POINTER(NState), _I64, _I64,
+                            i64p, i64p, _P, u8p, u8p, _P, ctypes.POINTER(_P), _I64, _P]
+    so.nat_rows.restype = _I64
+    so.nat_layer.argtypes = [ctypes.POINTER(NModel), ctypes.POINTER(NState), _I64, _I64, _P,
+                             _P, _P, i64p, _P, u8p, ctypes.c_uint8, _P, ctypes.POINTER(_P)]
+    so.nat_layer.restype = _I64
+    so.nat_capture_count.restype = _I64
+    so.nat_capture_name.argtypes = [_I64]
+    so.nat_capture_name.restype = ctypes.c_char_p
+    so.nat_struct_size.argtypes = [_I64]
+    so.nat_struct_size.restype = _I64
+    return so
+
+
+def _check_mirrors(so):
+    """Refuse a library whose structs or capture table differ from the mirrors here."""
+    for which, name in enumerate(("NModel", "NState", "CqMat")):
+        c_size, mirror = so.nat_struct_size(which), globals()[name]
+        if c_size != ctypes.sizeof(mirror):
+            raise NativeMismatch(f"sizeof({name}) is {c_size} bytes in the C library "
+                                 f"but {ctypes.sizeof(mirror)} in its ctypes mirror "
+                                 f"(kernels/native/__init__.py): update the mirror with native.h")
+    names = tuple(so.nat_capture_name(i).decode() for i in range(so.nat_capture_count()))
+    if names != CAPTURES:
+        raise NativeMismatch(f"the C step captures {names}, its ctypes mirror expects "
+                             f"{CAPTURES}: update CAPTURES with needle_step.c's NAT_CAPTURES")
+
+
+@contextmanager
+def planted_build(*defines: str):
+    """Inside, lib() is the step built with these compile-time fault switches (its own cached
+    library); models bound before read it too, since they call lib() per step."""
+    global _planted
+    old, _planted = _planted, tuple(sorted(defines))
+    try:
+        lib()
+        yield
+    finally:
+        _planted = old
 
 
 def set_threads(n: int) -> None:

@@ -123,9 +123,49 @@ static void cap_put(float **cap, int idx, int64_t layer, const float *v, int64_t
     if (cap && cap[idx]) memcpy(cap[idx] + layer * cnt, v, (size_t)cnt * sizeof(float));
 }
 
-enum { C_NX, C_HPRE, C_U, C_ALPHA, C_BX, C_H, C_Q, C_K, C_V, C_ATTN, C_GATE, C_AOUT, C_APOST,
-       C_MI, C_MO, C_BLOCK, C_Y, C_HPOST, C_RES, C_HRES, C_X, C_MEAN, C_EMBED,
-       C_EK, C_EV };
+/* The ladder points the step captures, in the order of the caller's `cap` array: one
+   table for the enum and the exported names, which kernels/native/__init__.py checks against
+   its own list when it loads the library. */
+#define NAT_CAPTURES(F) \
+    F(NX, "nx") F(HPRE, "hpre") F(U, "u") F(ALPHA, "alpha") F(BX, "bx") F(H, "h_in") \
+    F(Q, "q") F(K, "k") F(V, "v") F(ATTN, "attn") F(GATE, "gate") F(AOUT, "attn_out") \
+    F(APOST, "attn_post") F(MI, "mlp_in") F(MO, "mlp_out") F(BLOCK, "block_out") F(Y, "y") \
+    F(HPOST, "hpost") F(RES, "res_logits") F(HRES, "hres") F(X, "x") F(MEAN, "lane_mean") \
+    F(EMBED, "embed") F(EK, "engram_k") F(EV, "engram_v")
+
+#define NAT_ENUM(e, s) C_##e,
+#define NAT_NAME(e, s) s,
+enum { NAT_CAPTURES(NAT_ENUM) C_COUNT };
+static const char *const capture_names[] = {NAT_CAPTURES(NAT_NAME)};
+
+int64_t nat_capture_count(void) { return C_COUNT; }
+const char *nat_capture_name(int64_t i) { return i >= 0 && i < C_COUNT ? capture_names[i] : 0; }
+
+/* sizeof the structs the ctypes mirrors lay out (0: NModel, 1: NState, 2: CqMat). */
+int64_t nat_struct_size(int64_t which)
+{
+    return which == 0 ? (int64_t)sizeof(NModel) : which == 1 ? (int64_t)sizeof(NState)
+         : which == 2 ? (int64_t)sizeof(CqMat) : -1;
+}
+
+/* Planted faults (ladder/faults.py): each -DNEEDLE_FAULT_... switch builds its own library
+   with one known bug, so the harness can prove it locates bugs in this file. A normal build
+   defines none of them. */
+#ifdef NEEDLE_FAULT_HPOST_ONE
+#define HPOST_SCALE 1.0f
+#else
+#define HPOST_SCALE 2.0f
+#endif
+#ifdef NEEDLE_FAULT_SINKHORN_19
+#define SINKHORN_SHORT 1
+#else
+#define SINKHORN_SHORT 0
+#endif
+#ifdef NEEDLE_FAULT_WINDOW_SHORT
+#define WINDOW_SHORT 1
+#else
+#define WINDOW_SHORT 0
+#endif
 
 /* Attention of one row at position `pos`: norms and RoPE, the ring write, then softmax over
    the window in position order (oldest first), skipping keys marked absent. */
@@ -134,7 +174,11 @@ static void attend_row(const NModel *M, NState *S, int64_t i, int64_t pos, uint8
 {
     int64_t H = M->H, KV = M->KV, hd = M->hd, attn = H * hd, kvd = KV * hd, R = S->R;
     int64_t half = hd / 2, rep = H / KV, slot = pos % R;
-    const float *c = M->cos_t + pos * half, *sn = M->sin_t + pos * half;
+    int64_t rpos = pos;
+#ifdef NEEDLE_FAULT_ROPE_POS_PLUS_1
+    if (i == 3) rpos = (pos + 1) % M->max_seq;
+#endif
+    const float *c = M->cos_t + rpos * half, *sn = M->sin_t + rpos * half;
     for (int64_t hh = 0; hh < H; hh++) {
         zc(qkvg + hh * hd, M->qn + i * hd, hd, M->eps, s->q + hh * hd);
         rope(s->q + hh * hd, c, sn, hd);
@@ -147,7 +191,8 @@ static void attend_row(const NModel *M, NState *S, int64_t i, int64_t pos, uint8
         memcpy(S->v + at, qkvg + attn + kvd + g * hd, (size_t)hd * sizeof(float));
     }
     S->key_ok[slot] = valid;
-    int64_t lo = S->window ? pos - S->window + 1 : 0;
+    int64_t win = S->window > 1 ? S->window - WINDOW_SHORT : S->window;
+    int64_t lo = win ? pos - win + 1 : 0;
     if (lo < 0) lo = 0;
     for (int64_t hh = 0; hh < H; hh++) {
         int64_t g = hh / rep;
@@ -156,7 +201,11 @@ static void attend_row(const NModel *M, NState *S, int64_t i, int64_t pos, uint8
         float mx = -INFINITY, l = 0.0f, *o = s->o + hh * hd;
         for (int64_t p = lo; p <= pos; p++) {
             int64_t sl = p % R;
+#ifdef NEEDLE_FAULT_PAD_KEYS_ATTENDED
+            float sc = 1
+#else
             float sc = S->key_ok[sl]
+#endif
                            ? nat_dot_head(s->q + hh * hd, kb + sl * hd, hd) * M->attn_scale
                            : -INFINITY;
             s->scores[p - lo] = sc;
@@ -175,7 +224,11 @@ static void attend_row(const NModel *M, NState *S, int64_t i, int64_t pos, uint8
         for (int64_t t = 0; t < hd; t++) o[t] /= l;
     }
     const float *graw = qkvg + attn + 2 * kvd;
+#ifdef NEEDLE_FAULT_ATTN_GATE_SKIPPED
+    for (int64_t t = 0; t < attn; t++) og[t] = s->o[t];
+#else
     for (int64_t t = 0; t < attn; t++) og[t] = s->o[t] * sigmoidf_(graw[t]);
+#endif
     if (first) {
         cap_put(cap, C_Q, i, s->q, attn); cap_put(cap, C_K, i, s->kk, kvd);
         cap_put(cap, C_V, i, qkvg + attn + kvd, kvd); cap_put(cap, C_ATTN, i, s->o, attn);
@@ -218,7 +271,7 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         }
         zc(bx, M->pre + i * d, d, M->eps, s->h + r * d);
         for (int64_t l = 0; l < n; l++)
-            s->hpost[r * n + l] = 2.0f * sigmoidf_(M->a_post[i] * rr[n + l]
+            s->hpost[r * n + l] = HPOST_SCALE * sigmoidf_(M->a_post[i] * rr[n + l]
                                                    + M->post_bias[i * n + l]);
         float *res = s->res + r * n * n;
         for (int64_t t = 0; t < n * n; t++)
@@ -229,7 +282,7 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
             cap_put(cap, C_BX, i, bx, d); cap_put(cap, C_H, i, s->h, d);
             cap_put(cap, C_HPOST, i, s->hpost, n); cap_put(cap, C_RES, i, res, n * n);
         }
-        nat_sinkhorn(res, n, M->sinkhorn_iters);
+        nat_sinkhorn(res, n, M->sinkhorn_iters - SINKHORN_SHORT);
         if (r == 0) cap_put(cap, C_HRES, i, res, n * n);
     }
     if (M->cq) nat_cq_product(M->cq_qkvg + 4 * i, 4, s->h, m, d, s->qkvg, nq, s->xp);
@@ -243,7 +296,11 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         const float *a = s->a + r * d, *bx = s->bx + r * d, *u = s->u + r * d;
         float *Xr = X + r * nd;
         zc(a, M->post + i * d, d, M->eps, s->ap);
+#ifdef NEEDLE_FAULT_RESIDUAL_GATE_SKIPPED
+        for (int64_t t = 0; t < d; t++) s->z[t] = bx[t] + s->ap[t];
+#else
         for (int64_t t = 0; t < d; t++) s->z[t] = bx[t] + M->attn_gate[i] * s->ap[t];
+#endif
         zc(s->z, M->pre_hada + i * d, d, M->eps, s->mi);
         const float *d1 = M->d1 + i * hada, *d2 = M->d2 + i * hada, *d3 = M->d3 + i * hada;
         for (int64_t t = 0; t < hada; t++) s->hbuf[t] = t < d ? d1[t] * s->mi[t] : 0.0f;
@@ -254,7 +311,11 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         }
         nat_fwht(s->hbuf, hada, M->walsh_scale);
         for (int64_t t = 0; t < d; t++) s->mo[t] = d3[t] * s->hbuf[t];
+#ifdef NEEDLE_FAULT_Y_MINUS_BX
+        for (int64_t t = 0; t < d; t++) s->y[t] = s->z[t] + s->mo[t] - bx[t];
+#else
         for (int64_t t = 0; t < d; t++) s->y[t] = s->z[t] + s->mo[t] - u[t];
+#endif
         const float *P = s->res + r * n * n, *hpost = s->hpost + r * n;
         for (int64_t l = 0; l < n; l++)
             for (int64_t t = 0; t < d; t++) {
@@ -359,5 +420,27 @@ int64_t nat_rows(const NModel *M, NState *S, int64_t m, int64_t pos0, const int6
         nat_cq_product(M->cq_emb, 1, S->hidden, 1, d, logits, M->vocab, s.xp);
     else if (want_logits)
         nat_gemm(S->hidden, 1, M->emb, M->vocab, d, logits);
+    return 0;
+}
+
+/* Injection (ladder/locate.py): layer i alone at position `pos` on `lanes` [n, d] (replaced by
+   the layer's output), over the same scratch and ring as nat_rows. The Engram keys and values
+   of every site at pos come in ek/ev [sites, d]; with ek NULL they are computed here from the
+   host arrays of that position (flat, ok, tap_ok as for nat_rows with m = 1, which rewrites
+   the value ring's row of pos). Writes layer i's K/V at pos. Returns 0, or -1 for a layer or
+   position out of range (nothing written then). */
+int64_t nat_layer(const NModel *M, NState *S, int64_t i, int64_t pos, float *lanes,
+                  const float *ek, const float *ev, const int64_t *flat, const float *ok,
+                  const uint8_t *tap_ok, uint8_t valid, float *scratch, float **cap)
+{
+    if (i < 0 || i >= M->L || pos < 0 || pos >= M->max_seq) return -1;
+    Scratch s;
+    carve(M, 1, scratch, &s);
+    if (!ek) {
+        engram(M, S, 1, pos, flat, ok, tap_ok, &s, 0);
+        ek = s.ek;
+        ev = s.ev;
+    }
+    layer(M, S, i, 1, pos, lanes, ek, ev, &valid, &s, cap);
     return 0;
 }
