@@ -24,6 +24,8 @@ import time
 import torch
 from safetensors.torch import load_file
 
+from reference.config_v41 import V41Args
+
 from .rules import V41_RULES, rule_for
 
 DEFAULT_STEM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -70,7 +72,7 @@ def run_side(stack, man, rec, calls=None, layers=None):
     {call: {layer: {point: tensor}}}. Every layer runs (sources publish for consumers); only
     `layers` are kept."""
     out = {}
-    n_layers = len(man["model_args"]["compress_ratios"])
+    n_layers = V41Args.from_any(man["model_args"]).n_layers
     for c in man["calls"] if calls is None else calls:
         for layer in range(n_layers):
             got = {}
@@ -116,7 +118,7 @@ def graph_vs_eager(eager_port, graph_port, man, rec, eager_run=None):
     every capturable decode layer-step of the fixture. `eager_run` (run_side's result for an
     eager port over all calls) stands in for running `eager_port` again."""
     n, bad = 0, []
-    n_layers = len(man["model_args"]["compress_ratios"])
+    n_layers = V41Args.from_any(man["model_args"]).n_layers
     for c in man["calls"]:
         for layer in range(n_layers):
             x = rec[c["key"]][layer]["x"]
@@ -166,7 +168,7 @@ def cmd_run(args, out=print) -> int:
         f"{off.get('repo')} @ {off.get('revision', '')[:12]} (model.py sha256 "
         f"{off.get('sha256', '')[:16]}..., {off.get('used')})")
     ma = man["model_args"]
-    out(f"model: {len(ma['compress_ratios'])} layers, ratios {ma['compress_ratios']}, kv sources "
+    out(f"model: {V41Args.from_any(ma).n_layers} layers, ratios {ma['compress_ratios']}, kv sources "
         f"{ma['kv_source_layers']}, index sources {ma['index_source_layers']}, candidate source "
         f"{ma['candidate_source_layer']}; {len(man['calls'])} calls "
         f"({', '.join(s['name'] for s in man.get('scenarios', []))})")

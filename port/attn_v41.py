@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from kernels.ring import ring_put_torch, ring_put_triton, window_topk_idxs
 from kernels.sparse_attn_v41 import sparse_attn_v41
 from reference.config_v41 import (MAX_SELECTION, V41Args, V41ConfigError,
-                                   forward_call_problem, weight_names)
+                                   forward_call_problem, mtp_layers_present, mtp_weight_names,
+                                   weight_names)
 
 from .attn_v41_compress import NOTHING_PUBLISHED, check_sources, compressed_part
 from .attn_v41_ops import AttnV41Error, fp8_rt, grouped_projection, rms, rope, rope_cis
@@ -43,6 +44,7 @@ class AttnStackV41:
                  device=None, max_tokens: int | None = None):
         try:
             self.args = a = V41Args.from_any(args)
+            self.mtp = mtp_layers_present(a, weights)
         except V41ConfigError as e:
             raise AttnV41Error(str(e)) from None
         if backend not in ("torch", "triton"):
@@ -66,6 +68,8 @@ class AttnStackV41:
                 if n not in weights:
                     raise AttnV41Error(f"weights lack {n!r} (layer {i}'s role needs it)")
                 self.w[n] = weights[n].to(dev)
+        for k in self.mtp:                  # held, not run: DSpark attention reads main_x
+            self.w.update({n: weights[n].to(dev) for n in mtp_weight_names(k)})
         self.plain = rope_cis(a.rope_head_dim, a.max_seq_len, a.rope_theta).to(dev)
         self.yarn = rope_cis(a.rope_head_dim, a.max_seq_len, a.compress_rope_theta, True,
                              a.rope_factor, a.original_seq_len, a.beta_fast,
@@ -92,10 +96,10 @@ class AttnStackV41:
             self.ring = [torch.zeros(a.window_size, a.head_dim, dtype=bf, device=dev)
                          for _ in range(a.n_layers)]
             self.cache, self.kcache, self.kv_state, self.score_state = {}, {}, {}, {}
-            for i in a.kv_source_layers:
+            for i in a.kv_sources:
                 r = a.compress_ratios[i]
                 self.cache[i] = torch.zeros(a.max_seq_len // r, a.head_dim, dtype=bf, device=dev)
-                if i in a.index_source_layers:
+                if i in a.index_sources:
                     self.kcache[i] = torch.zeros(a.max_seq_len // r, a.index_head_dim, dtype=bf,
                                                  device=dev)
                 if r > 1:
