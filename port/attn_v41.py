@@ -36,7 +36,7 @@ from reference.config_v41 import (MAX_SELECTION, V41Args, V41ConfigError,
 from .attn_v41_compress import NOTHING_PUBLISHED, check_sources, compressed_part
 from .attn_v41_ops import AttnV41Error, fp8_rt, grouped_projection, rms, rope, rope_cis
 
-__all__ = ["AttnStackV41", "AttnV41Error"]
+__all__ = ["AttnV41", "AttnStackV41", "AttnV41Error"]
 
 
 class AttnStackV41:
@@ -279,3 +279,6 @@ def emit(tr, layer, res, widx, idx, rows_b):
     tr("topk_idxs", layer, idx)
     for name in ("o", "o_rot", "og", "out"):
         tr(name, layer, res[name])
+
+
+AttnV41 = AttnStackV41

@@ -321,3 +321,6 @@ class AttnStackV41:
         # spec §3.7 fixes the order: each head's rectified dot is weighted and rounded to bf16,
         # then the heads are summed (not one fused weighted contraction)
         return (per_head.relu() * head_w.unsqueeze(-1)).sum(dim=1)
+
+
+AttnV41 = AttnStackV41

@@ -151,4 +151,5 @@ def test_ladder_run_with_the_mtp_entry(tmp_path):
     rc = main(["run", "--model", "attn_v41", "--fixture", stem], out=lines.append)
     text = "\n".join(lines)
     assert rc == 0, text
-    assert "model: 8 layers" in text and "3961/3961 points pass" in text
+    assert "model: 8 layers" in text
+    assert "reference vs official: 3961 points over 48 steps, 0 failing (PASS)" in text
