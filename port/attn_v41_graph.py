@@ -20,7 +20,7 @@ class DecodeGraphsV41:
     def __init__(self, stack):
         self.s = stack
         self.x = {}                  # layer -> static input [1, dim]
-        self.graphs = {}             # (layer, rows_b pointer) -> (CUDAGraph, outputs)
+        self.graphs = {}             # (layer, ring, rows_b pointers) -> (CUDAGraph, outputs)
         self.captures = 0
 
     def step(self, layer, x, start_pos, tr):
@@ -41,10 +41,12 @@ class DecodeGraphsV41:
             from .attn_v41 import emit
             emit(tr, layer, {k: v.clone() for k, v in res.items()}, sel[:, :s.args.window_size],
                  sel, rows_b[:clen].clone() if role.ratio else None)
-        return res["out"].clone()
+        return res["out"]                  # the runtime's static output rows, no copy
 
     def _replay(self, layer, xs, rows_b):
-        key = (layer, None if rows_b is None else rows_b.data_ptr())
+        # a graph bakes the served sequence's ring and the compressed rows it reads
+        key = (layer, self.s.ring[layer].data_ptr(),
+               None if rows_b is None else rows_b.data_ptr())
         if key not in self.graphs:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())

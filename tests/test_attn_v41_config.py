@@ -46,7 +46,7 @@ def outputs(stack, man, rec, n_calls=6):
     got = []
     for c in man["calls"][:n_calls]:
         for layer in range(8):
-            got.append(stack.forward(layer, rec[c["key"]][layer]["x"], c["start_pos"]))
+            got.append(stack.forward(layer, rec[c["key"]][layer]["x"], c["start_pos"]).clone())
     return got
 
 

@@ -43,3 +43,30 @@ def test_cuda_port_matches_reference(v41_fx, backend):
           f"{len(flipped)}/{steps} layer-steps with a flipped selection")
     assert not bad, f"{len(bad)} failing points, first {bad[:1]}"
     assert V41_DEVICE_FLIPS.allows(len(flipped), steps), sorted(flipped)[:5]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cuda_interleaved_sequences_replay_their_own_graphs(v41_fx, backend):
+    """Two sequences on one runtime with decode="graph" on CUDA: each capturable layer-step is
+    replayed from a graph holding that sequence's ring, so the bytes equal a run alone."""
+    man, rec, w = v41_fx
+    a_calls, b_calls = ([c for c in man["calls"] if c["scenario"] == s] for s in ("p3", "p13"))
+
+    def alone(calls):
+        rt = AttnStackV41(man["model_args"], w, backend=backend, decode="graph", device="cuda")
+        return [rt.forward(layer, rec[c["key"]][layer]["x"], c["start_pos"]).cpu()
+                for c in calls for layer in range(8)]
+    want = {"a": alone(a_calls), "b": alone(b_calls)}
+    rt = AttnStackV41(man["model_args"], w, backend=backend, decode="graph", device="cuda")
+    seqs = {"a": rt.new_sequence(), "b": rt.new_sequence()}
+    todo = {"a": [(c, i) for c in a_calls for i in range(8)],
+            "b": [(c, i) for c in b_calls for i in range(8)]}
+    got = {"a": [], "b": []}
+    for i in range(max(map(len, todo.values()))):
+        for k in ("a", "b"):
+            if i < len(todo[k]):
+                c, layer = todo[k][i]
+                got[k].append(rt.forward(layer, rec[c["key"]][layer]["x"], c["start_pos"],
+                                         seq=seqs[k]).cpu())
+    assert all(torch.equal(g, e) for k in want for g, e in zip(got[k], want[k]))
+    assert len(got["a"]) == len(want["a"]) and len(got["b"]) == len(want["b"])
