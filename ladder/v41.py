@@ -124,18 +124,32 @@ def compare(a, b, side: str, calls, rules=None, a_label=None, b_label=None) -> C
 
 def graph_vs_eager(eager_port, graph_port, man, rec, eager_run=None):
     """(layer-steps compared, mismatches): decode="graph" output bytes vs decode="eager" on
-    every capturable decode layer-step of the fixture. `eager_run` (run_side's result for an
+    every capturable decode layer-step of the fixture. On decode steps each run of consecutive
+    capturable layers goes through forward_segment (one graph per run on CUDA, both selection
+    classes in it), the other layers through forward. `eager_run` (run_side's result for an
     eager port over all calls) stands in for running `eager_port` again."""
     n, bad = 0, []
     n_layers = V41Args.from_any(man["model_args"]).n_layers
+    runs = {run[0]: run for run in graph_port.segments()}
     for c in man["calls"]:
-        for layer in range(n_layers):
-            x = rec[c["key"]][layer]["x"]
-            e = eager_port.forward(layer, x, c["start_pos"]) if eager_run is None \
-                else eager_run[c["key"]][layer]["out"]
-            g = graph_port.forward(layer, x, c["start_pos"])
-            if c["start_pos"] > 0 and graph_port.decode_capturable(layer):
+        key, pos = c["key"], c["start_pos"]
+
+        def eager(layer):
+            return (eager_port.forward(layer, rec[key][layer]["x"], pos) if eager_run is None
+                    else eager_run[key][layer]["out"]).cpu()
+        layer = 0
+        while layer < n_layers:
+            run = runs.get(layer) if pos > 0 else None
+            if run is None:
+                eager(layer)
+                graph_port.forward(layer, rec[key][layer]["x"], pos)
+                layer += 1
+                continue
+            got = graph_port.forward_segment(run, torch.cat([rec[key][i]["x"] for i in run]),
+                                             pos).cpu()
+            for j, i in enumerate(run):
                 n += 1
-                if not torch.equal(e.cpu(), g.cpu()):
-                    bad.append((c["key"], layer))
+                if not torch.equal(eager(i), got[j:j + 1]):
+                    bad.append((key, i))
+            layer += len(run)
     return n, bad

@@ -101,7 +101,8 @@ def cmd_run(args, out=print) -> int:
     man, rec = ctx["man"], ctx["rec"]
     graph = ctx["make_port"]("graph")
     n, bad = graph_vs_eager(None, graph, man, rec, ctx["port_run"])
-    how = (f"CUDA: {graph.graphs.captures} graphs captured and replayed"
+    how = (f"CUDA: {graph.graphs.captures} graphs captured and replayed, one per run of "
+           f"consecutive capturable layers {graph.segments()}"
            if graph.dev.type == "cuda" else
            "no CUDA: capturable body run eagerly on static buffers; capture+replay is "
            "tests/test_attn_v41_cuda.py")

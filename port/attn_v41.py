@@ -260,6 +260,53 @@ class AttnStackV41:
         finally:
             self._active = self.seq
 
+    def segments(self) -> list:
+        """The runs of consecutive capturable layers (what forward_segment takes)."""
+        runs, cur = [], []
+        for i in range(self.args.n_layers):
+            if self.decode_capturable(i):
+                cur.append(i)
+            elif cur:
+                runs, cur = runs + [tuple(cur)], []
+        return runs + ([tuple(cur)] if cur else [])
+
+    def check_segment(self, layers, xs, start_pos) -> tuple:
+        layers = tuple(layers)
+        if not layers or not any(layers == run[i:i + len(layers)]
+                                 for run in self.segments() for i in range(len(run))):
+            raise AttnV41Error(f"layers {list(layers)} are not consecutive capturable layers "
+                               f"(runs: {self.segments()})")
+        if start_pos < 1:
+            raise AttnV41Error(f"forward_segment start_pos={start_pos}: a segment is a decode "
+                               f"step (position 0 is a prefill)")
+        if xs.dim() != 2 or xs.shape[0] != len(layers):
+            raise AttnV41Error(f"xs must be [{len(layers)}, dim] (one input row per layer), got "
+                               f"{list(xs.shape)}")
+        for j, layer in enumerate(layers):
+            self._check(layer, xs[j:j + 1], start_pos)
+            check_sources(self, layer, 1, start_pos)
+        return layers
+
+    def forward_segment(self, layers, xs, start_pos: int, seq=None):
+        """One decode step of consecutive capturable layers (none of them a source, so what
+        they read is fixed before the first runs), inputs xs [n, dim] bf16 -> [n, dim]: with
+        decode="graph" one graph holds the whole run, both selection classes; eager runs the
+        layers one by one. Equal bytes either way, and equal to forward() layer by layer."""
+        if seq is not None and not isinstance(seq, SequenceV41):
+            raise AttnV41Error(f"seq={type(seq).__name__} is not a SequenceV41 "
+                               f"(make one with new_sequence())")
+        self._active = seq or self.seq
+        try:
+            layers = self.check_segment(layers, xs, start_pos)
+            xs = xs.to(self.dev)
+            if self.graphs is not None:
+                return self.graphs.segment_step(layers, xs, start_pos)
+            tr = lambda name, lay, v: None  # noqa: E731
+            return torch.cat([self._eager_step(layer, xs[j:j + 1], start_pos, tr).clone()
+                              for j, layer in enumerate(layers)])
+        finally:
+            self._active = self.seq
+
     def _forward(self, layer, x, start_pos, trace):
         self._check(layer, x, start_pos)
         check_sources(self, layer, x.shape[0], start_pos)       # refuse before any write

@@ -96,3 +96,68 @@ def test_chunked_prefill_past_zero_is_refused_naming_the_limit(v41_fx):
                                            r"got m=2"):
         rt.forward(0, x2, 1, seq=seq)
     assert all(torch.equal(a, st.ring) for a, st in zip(before, seq.layers))
+
+
+def mixed_class_args(ma):
+    """The fixture's geometry with layer 6 a reuse layer and layer 7 window-only, so layers
+    5, 6, 7 form one run of capturable layers holding both selection classes."""
+    return dict(ma, compress_ratios=[0, 0, 2, 2, 1, 1, 1, 0], index_source_layers=[2, 4])
+
+
+def test_segment_holds_both_classes_and_is_capturable(v41_fx):
+    """One segment body for layers 5..7 (ratio 1, ratio 1, ratio 0): no host sync, the same op
+    sequence at every decode position (one capture serves all), and output bytes equal to
+    the eager layer-by-layer steps."""
+    from port.attn_v41_graph import record_segment_ops
+    man, rec, w = v41_fx
+    ma = mixed_class_args(man["model_args"])
+    eager, graph = AttnV41(ma, w), AttnV41(ma, w, decode="graph")
+    assert graph.segments() == [(0, 1), (3,), (5, 6, 7)]
+    assert {graph.args.role(i).ratio > 0 for i in (5, 6, 7)} == {True, False}
+    calls = scenario_calls(man, "p3")
+    seen = []
+    for c in calls[:5]:
+        x = {i: rec[c["key"]][i]["x"] for i in range(8)}
+        want = [eager.forward(i, x[i], c["start_pos"]).clone() for i in range(8)]
+        if c["start_pos"] == 0:
+            for i in range(8):
+                graph.forward(i, x[i], 0)
+            continue
+        for i in range(5):
+            graph.forward(i, x[i], c["start_pos"])
+        ops, out = record_segment_ops(graph, (5, 6, 7), torch.cat([x[5], x[6], x[7]]),
+                                      c["start_pos"])
+        assert torch.equal(out, torch.cat(want[5:])), c["key"]
+        seen.append(ops)
+    assert len(seen) == 4 and all(ops == seen[0] for ops in seen)
+
+
+@pytest.mark.parametrize("decode", ["eager", "graph"])
+def test_forward_segment_equals_forward(v41_fx, decode):
+    """forward_segment over every run of every decode step = forward layer by layer (bytes),
+    on the mixed-class geometry; what it refuses, it refuses before any write."""
+    man, rec, w = v41_fx
+    ma = mixed_class_args(man["model_args"])
+    ref, rt = AttnV41(ma, w), AttnV41(ma, w, decode=decode)
+    runs = {run[0]: run for run in rt.segments()}
+    for c in scenario_calls(man, "p13")[:6]:
+        x = {i: rec[c["key"]][i]["x"] for i in range(8)}
+        want = {i: ref.forward(i, x[i], c["start_pos"]).clone() for i in range(8)}
+        i = 0
+        while i < 8:
+            run = runs.get(i) if c["start_pos"] else None
+            if run is None:
+                rt.forward(i, x[i], c["start_pos"])
+                i += 1
+                continue
+            got = rt.forward_segment(run, torch.cat([x[j] for j in run]), c["start_pos"])
+            assert torch.equal(got, torch.cat([want[j] for j in run])), (c["key"], run)
+            i += len(run)
+    rings = [r.clone() for r in rt.ring]
+    xs = torch.cat([x[5], x[6]])
+    for layers, args, msg in (((4, 5), (xs, 20), "not consecutive capturable layers"),
+                              ((5, 6), (xs, 0), "a segment is a decode step"),
+                              ((5, 6, 7), (xs, 20), r"xs must be \[3, dim\]")):
+        with pytest.raises(AttnV41Error, match=msg):
+            rt.forward_segment(layers, *args)
+    assert all(torch.equal(a, b) for a, b in zip(rings, rt.ring))
