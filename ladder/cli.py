@@ -2,7 +2,8 @@
 
 run     both sides over a seeded prompt and decode steps past the window; prints the
         tolerance table (per point, its worst step) and the first divergence.
-        `--model attn_v41`: DeepSeek-V4.1 attention instead (ladder/v41.py, issue #8).
+        `--model attn_v41`: DeepSeek-V4.1 attention instead (ladder/v41_cli.py; run, locate
+        and report alike).
 locate  the same, then the first divergence bisected inside its layer, with local
         (injected) vs propagated error.
 report  the same, written as markdown, CSV and a self-contained HTML page.
@@ -223,7 +224,7 @@ def _other_model(args) -> bool:
 
 def cmd_run(args, out=print) -> int:
     if _other_model(args):
-        from .v41 import cmd_run as v41_run
+        from .v41_cli import cmd_run as v41_run
         return v41_run(args, out)
     cmp, extra, *_, info = compare_run(args, out)
     _print_table(cmp, args, out)
@@ -241,8 +242,8 @@ def cmd_run(args, out=print) -> int:
 
 def cmd_locate(args, out=print) -> int:
     if _other_model(args):
-        raise LadderInputError("--model attn_v41: only `run` is implemented (it prints the "
-                               "first divergence itself)")
+        from .v41_cli import cmd_locate as v41_locate
+        return v41_locate(args, out)
     from .locate import locate
     cmp, extra, port, ref, model, window, info = compare_run(args, out)
     out("")
@@ -258,8 +259,8 @@ def cmd_locate(args, out=print) -> int:
 
 def cmd_report(args, out=print) -> int:
     if _other_model(args):
-        raise LadderInputError("--model attn_v41: only `run` is implemented (it prints the "
-                               "first divergence itself)")
+        from .v41_cli import cmd_report as v41_report
+        return v41_report(args, out)
     from .locate import locate
     from .plot import fallback_note
     from .report import write_report
@@ -326,9 +327,10 @@ def _model_args(p, regen=False):
         return
     p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
                    help="needle_v2 (default) or attn_v41: DeepSeek-V4.1 attention, reference vs "
-                        "the official fixture and port vs reference, plus graph vs eager on "
-                        "every capturable layer-step (--fixture, --backend torch|triton, "
-                        "--device apply; --decode does not: both are always run)")
+                        "the official fixture and port vs reference (run also checks graph vs "
+                        "eager on every capturable layer-step). --fixture, --backend "
+                        "torch|triton, --device, --rules, --fine, --per-step apply; any other "
+                        "model option is refused (ladder/v41_cli.py)")
     p.add_argument("--rules", help="tolerance rules file (.toml or .json; see `ladder rules`)")
     p.add_argument("--weights", default=None,
                    help="port weight form: dense (float32) or cq (Cactus-Quants codes; the "
@@ -416,6 +418,10 @@ def main(argv=None, out=print) -> int:
     cmd = {"run": cmd_run, "locate": cmd_locate, "report": cmd_report, "regen": cmd_regen,
            "rules": cmd_rules}[args.cmd]
     try:
+        if _other_model(args):        # refuse the options a V4.1 run would silently ignore
+            from .v41_cli import refuse_other_options
+            refuse_other_options(args, sys.argv[1:] if argv is None else argv,
+                                 parser().parse_args([args.cmd]))
         check_args(args)                    # every flag, before any work (ladder/args.py)
         if getattr(args, "list_faults", False) or getattr(args, "plant", None):
             return _with_fault(cmd, args, out)

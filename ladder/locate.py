@@ -44,6 +44,9 @@ class Location:
     injection: list = field(default_factory=list)     # Injected per point of the layer
     layers: list = field(default_factory=list)        # Injected for every layer's x
     verdict: str = ""
+    # what the injection re-runs the layer on, and what `layers` holds (V4.1 says its own)
+    rerun_on: str = "the reference's lanes, Engram and KV history"
+    layers_title: str = ""
 
     @property
     def step(self) -> str:
@@ -75,8 +78,8 @@ class Location:
                 out.append(f"    {r.point.split('.', 1)[1]:11s} {'FAIL' if bad else 'pass'}"
                            f"  err {error_text(r.error_at(self.position)):>10s}{mark}")
         if self.injection:
-            out.append(f"  injection at position {self.position} (L{f.layer:02d} re-run on the "
-                       f"reference's lanes, Engram and KV history); err of allowance:")
+            out.append(f"  injection at position {self.position} (L{f.layer:02d} re-run on "
+                       f"{self.rerun_on}); err of allowance:")
             out.append(f"    {'point':11s} {'propagated':>12s} {'local':>12s}")
             for r in self.injection:
                 flag = "  <- " + ("own" if r.own else "inherited") \
@@ -84,8 +87,8 @@ class Location:
                 out.append(f"    {r.point.split('.', 1)[1]:11s} {error_text(r.propagated):>12s} "
                            f"{error_text(r.local):>12s}{flag}")
         if self.layers:
-            out.append(f"  every layer's output x at position {self.position}: "
-                       f"propagated / local err of allowance")
+            title = self.layers_title or f"every layer's output x at position {self.position}"
+            out.append(f"  {title}: propagated / local err of allowance")
             out.append("    " + "  ".join(f"{r.point[:3]} {r.propagated:.2g}/{r.local:.2g}"
                                           for r in self.layers))
         if self.verdict:

@@ -52,6 +52,14 @@ def _finite_nonneg(owner: str, name: str, value, limit: float = MAX_TOLERANCE) -
     return float(value)
 
 
+def _by_position(t):
+    """[S, ...] -> [S, N] (N may be 0: a point with no values at some step, e.g. no rows yet)."""
+    n = 1
+    for d in t.shape[1:]:
+        n *= d
+    return t.reshape(t.shape[0], n)
+
+
 @dataclass(frozen=True)
 class Rule:
     rtol: float
@@ -60,11 +68,19 @@ class Rule:
     why: str = ""
     stat: str = "max"              # "max" | "p99"
     floor: float = 0.0             # the allowance never drops below this (zero references)
+    exact: bool = False            # equality only (index tensors): any difference fails
 
     def __post_init__(self):
         _finite_nonneg("Rule", "rtol", self.rtol)
         _finite_nonneg("Rule", "atol", self.atol)
         _finite_nonneg("Rule", "floor", self.floor)
+        if not isinstance(self.exact, bool):
+            raise RulesError(f"Rule: field exact={self.exact!r} must be true or false")
+        if self.exact and (self.rtol or self.atol):
+            raise RulesError(f"Rule: an exact rule allows nothing; rtol={self.rtol} and "
+                             f"atol={self.atol} must be 0")
+        if self.exact and self.floor:
+            raise RulesError(f"Rule: an exact rule allows nothing; floor={self.floor} must be 0")
         if self.scale not in SCALES:
             raise RulesError(f"Rule: field scale={self.scale!r} must be one of {SCALES}")
         if self.stat not in STATS:
@@ -91,6 +107,8 @@ class Rule:
 
     def error(self, a, b) -> float:
         """The statistic this rule bounds, as a fraction of its allowance (pass: <= 1)."""
+        if self.exact:
+            return 0.0 if torch.equal(a, b) else float("inf")
         a, b = a.double(), b.double()
         if not torch.isfinite(a).all() or not torch.isfinite(b).all():
             return float("inf")
@@ -112,7 +130,10 @@ class Rule:
     def position_ratios(self, a, b):
         """`ratios` of each slice a[j], b[j] along the leading (position) axis, as [S, N];
         every element of a slice holding a NaN/Inf reads inf, as `error` does."""
-        a, b = a.double().reshape(a.shape[0], -1), b.double().reshape(b.shape[0], -1)
+        if self.exact:            # compared in their own dtype: no rounding through float64
+            a, b = _by_position(a), _by_position(b)
+            return torch.where(a == b, 0.0, float("inf")).double()
+        a, b = _by_position(a.double()), _by_position(b.double())
         diff = (a - b).abs()
         if self.scale == "maxabs":
             top = b.abs().amax(1, keepdim=True) if b.shape[1] else b.new_zeros(b.shape[0], 1)
@@ -135,6 +156,8 @@ class Rule:
         return r.amax(1).tolist()
 
     def describe(self) -> str:
+        if self.exact:
+            return "exact (torch.equal)"
         s = f"rtol {self.rtol:.1e}"
         if self.atol:
             s += f" atol {self.atol:.1e}"
@@ -354,6 +377,8 @@ def load_rules(path) -> RuleSet:
 
 
 def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
     if isinstance(v, str):
         return json.dumps(v, ensure_ascii=False)      # a JSON string is a valid TOML basic string
     if isinstance(v, float):
@@ -402,10 +427,17 @@ CACT_RULES = {
 
 
 # Issue #8: DeepSeek-V4.1 attention (tests/test_attn_v41*.py, `ladder run --model attn_v41`).
-# Points are "{side}/L{layer}.{point}"; index tensors are compared exactly (torch.equal), never
-# by a rule. The bound is the issue's bf16 tolerance 2·2^-8·max|x| + 1e-6 (two bf16 ulps at the
+# Points are "{side}/L{layer}.{point}"; index tensors take the exact rule (equality in their
+# own dtype, never a tolerance). The bound is the issue's bf16 tolerance 2·2^-8·max|x| + 1e-6 (two bf16 ulps at the
 # tensor's largest magnitude): both sides store bf16 and accumulate in f32 in different orders.
+V41_INDEX_WHY = ("selections are integers: the official kernel, the reference and the port "
+                 "must pick the same rows (a one-ulp score change may flip one; that is a "
+                 "divergence to explain, never a tolerance)")
 V41_RULES = {
+    "v41_official/*.window_idxs": Rule(0.0, exact=True, why=V41_INDEX_WHY),
+    "v41_official/*.topk_idxs": Rule(0.0, exact=True, why=V41_INDEX_WHY),
+    "v41_port/*.window_idxs": Rule(0.0, exact=True, why=V41_INDEX_WHY),
+    "v41_port/*.topk_idxs": Rule(0.0, exact=True, why=V41_INDEX_WHY),
     "v41_official/*": Rule(2 * 2 ** -8, atol=1e-6, why=(
         "issue #8: reference/attn_v41.py vs DeepSeek's V4.1 model.py (fixture), layer by layer "
         "from the official inputs; bf16 storage, f32 accumulation in different orders")),
@@ -427,6 +459,9 @@ class CountBound:
 
     def allows(self, count: int, n: int) -> bool:
         return count <= self.fraction * n
+
+
+V41_RULESET = RuleSet(rules=dict(V41_RULES), source="ladder/rules.py (V41_RULES)")
 
 
 V41_DEVICE_FLIPS = CountBound(0.02, why=(   # read by tests/test_attn_v41_cuda.py

@@ -1,30 +1,32 @@
-"""The DeepSeek-V4.1 attention ladder (`python -m ladder run --model attn_v41`, issue #8).
+"""The DeepSeek-V4.1 attention ladder: the fixture, both sides driven over it, and their
+comparison as the ladder's own `Comparison` (ladder/compare.py), so tables, reports and
+locate are the needle v2 ones. The commands are in ladder/v41_cli.py.
 
-Three comparisons over the committed fixture of DeepSeek's own V4.1 code (tools/
+Comparisons over the committed fixture of DeepSeek's own V4.1 code (tools/
 gen_v41_attn_fixture.py), each layer by layer from the official inputs (index selections flip
 under one-ulp changes, so a free-running comparison would test the chain, not the layer):
 
   v41_official  reference/attn_v41.py vs the official recordings
   v41_port      port/attn_v41.py (eager, backend and device as asked) vs the reference
-  graph bytes   always (whatever --decode says): with decode="graph", every capturable
-                layer-step's output vs the eager port's, torch.equal. On CUDA that is real
-                capture and replay; without CUDA the capturable body runs eagerly on the static
-                buffers, and the report line says so (capture+replay: tests/test_attn_v41_cuda.py)
 
-Points are "{side}/L{layer}.{name}"; index tensors (window_idxs, topk_idxs) must be equal, the
-rest pass ladder/rules.py's V41_RULES. The first divergence is the earliest failing
-(call, layer, point) in forward order.
+A ladder step is one fixture call (named by its key, at its start position, m positions
+wide); a point is "L{layer:02d}.{name}", and rules match "{side}/L{layer:02d}.{name}". Index
+tensors (window_idxs, topk_idxs) take the exact rule, the rest ladder/rules.py's V41_RULES
+bound. The first divergence is the earliest failing (call, layer, point) in forward order.
 """
 from __future__ import annotations
 
 import json
 import os
-import time
 
 import torch
 from safetensors.torch import load_file
 
-from .rules import V41_RULES, rule_for
+from reference.config_v41 import V41Args, V41ConfigError
+
+from .compare import Comparison, as_ruleset, compare_ladders
+from .rules import V41_RULESET, RulesError
+from .trace import Ladder, Step, point_name
 
 DEFAULT_STEM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "tests", "fixtures", "attn_v41_official")
@@ -59,6 +61,10 @@ def load_fixture(stem: str = DEFAULT_STEM):
             continue
         call, layer, point = k.split("/")
         rec.setdefault(call, {}).setdefault(int(layer[1:]), {})[point] = v
+    try:
+        V41Args.from_any(man["model_args"])
+    except V41ConfigError as e:
+        raise V41FixtureError(f"{paths[0]}: model_args: {e}") from None
     missing = [c["key"] for c in man["calls"] if c["key"] not in rec]
     if missing:
         raise V41FixtureError(f"{paths[1]}: no recordings for calls {missing[:3]}")
@@ -70,7 +76,7 @@ def run_side(stack, man, rec, calls=None, layers=None):
     {call: {layer: {point: tensor}}}. Every layer runs (sources publish for consumers); only
     `layers` are kept."""
     out = {}
-    n_layers = len(man["model_args"]["compress_ratios"])
+    n_layers = V41Args.from_any(man["model_args"]).n_layers
     for c in man["calls"] if calls is None else calls:
         for layer in range(n_layers):
             got = {}
@@ -82,111 +88,68 @@ def run_side(stack, man, rec, calls=None, layers=None):
     return out
 
 
-def compare(a, b, side: str, order):
-    """Rows (call, layer, point, passed, ratio, max_abs) for every point b has, in forward
-    order; a point missing from a fails. ratio = max|a-b| / allowance (0/1 for indices)."""
-    rows = []
-    for call in order:
-        for layer in sorted(b.get(call, {})):
-            for point in POINTS:
-                want = b[call][layer].get(point)
-                if want is None:
-                    continue
-                got = a.get(call, {}).get(layer, {}).get(point)
-                name = f"{side}/L{layer}.{point}"
-                if got is None or tuple(got.shape) != tuple(want.shape):
-                    rows.append((call, layer, point, False, float("inf"), float("inf")))
-                    continue
-                if point in INDEX_POINTS:
-                    same = torch.equal(got.to(torch.int64), want.to(torch.int64))
-                    rows.append((call, layer, point, same, 0.0 if same else float("inf"),
-                                 0.0 if same else float((got.long() - want.long()).abs().max())))
-                    continue
-                if not want.numel():
-                    rows.append((call, layer, point, True, 0.0, 0.0))
-                    continue
-                r = rule_for(name, V41_RULES).error(got, want)
-                diff = float((got.double() - want.double()).abs().max())
-                rows.append((call, layer, point, r <= 1.0, r, diff))
-    return rows
+def steps_of(calls) -> list:
+    """The fixture's calls as ladder steps: one per call, at its start position, m wide."""
+    return [Step(c["key"], int(c["start_pos"]), (0,) * int(c["m"])) for c in calls]
+
+
+def to_ladder(run, calls, label: str) -> Ladder:
+    """{call: {layer: {point: tensor}}} -> a Ladder keyed "{call}/L{layer:02d}.{point}", in
+    forward order (calls, layers, POINTS); floats as float32 (bf16 widens exactly), indices as
+    int64. The recorded layer input `x` is an input, not a point."""
+    lad = Ladder(steps_of(calls), label=label)
+    for c in calls:
+        for layer, points in sorted(run.get(c["key"], {}).items()):
+            for name in POINTS:
+                v = points.get(name)
+                if v is not None:
+                    v = v.detach().to("cpu")
+                    v = v.long() if name in INDEX_POINTS else v.float()
+                    lad.values[f"{c['key']}/{point_name(name, layer)}"] = v
+    return lad
+
+
+def compare(a, b, side: str, calls, rules=None, a_label=None, b_label=None) -> Comparison:
+    """`a` (the candidate) against `b` (the side whose magnitudes scale the bounds) over
+    `calls` (manifest call dicts), under `rules` matched on "{side}/L{layer}.{point}" (default
+    ladder/rules.py's V41_RULES): the ladder's own Comparison, one row per (call, point)."""
+    rs = V41_RULESET if rules is None else as_ruleset(rules)
+    la = to_ladder(a, calls, a_label or side.split("_", 1)[-1])
+    lb = to_ladder(b, calls, b_label or "reference")
+    try:
+        return compare_ladders(la, lb, rs, prefix=side, a_label=la.label, b_label=lb.label)
+    except KeyError as e:                     # a rules file with no pattern for some point
+        raise RulesError(f"{rs.source}: {e.args[0]}") from None
 
 
 def graph_vs_eager(eager_port, graph_port, man, rec, eager_run=None):
     """(layer-steps compared, mismatches): decode="graph" output bytes vs decode="eager" on
-    every capturable decode layer-step of the fixture. `eager_run` (run_side's result for an
+    every capturable decode layer-step of the fixture. On decode steps each run of consecutive
+    capturable layers goes through forward_segment (one graph per run on CUDA, both selection
+    classes in it), the other layers through forward. `eager_run` (run_side's result for an
     eager port over all calls) stands in for running `eager_port` again."""
     n, bad = 0, []
-    n_layers = len(man["model_args"]["compress_ratios"])
+    n_layers = V41Args.from_any(man["model_args"]).n_layers
+    runs = {run[0]: run for run in graph_port.segments()}
     for c in man["calls"]:
-        for layer in range(n_layers):
-            x = rec[c["key"]][layer]["x"]
-            e = eager_port.forward(layer, x, c["start_pos"]) if eager_run is None \
-                else eager_run[c["key"]][layer]["out"]
-            g = graph_port.forward(layer, x, c["start_pos"])
-            if c["start_pos"] > 0 and graph_port.decode_capturable(layer):
+        key, pos = c["key"], c["start_pos"]
+
+        def eager(layer):
+            return (eager_port.forward(layer, rec[key][layer]["x"], pos) if eager_run is None
+                    else eager_run[key][layer]["out"]).cpu()
+        layer = 0
+        while layer < n_layers:
+            run = runs.get(layer) if pos > 0 else None
+            if run is None:
+                eager(layer)
+                graph_port.forward(layer, rec[key][layer]["x"], pos)
+                layer += 1
+                continue
+            got = graph_port.forward_segment(run, torch.cat([rec[key][i]["x"] for i in run]),
+                                             pos).cpu()
+            for j, i in enumerate(run):
                 n += 1
-                if not torch.equal(e.cpu(), g.cpu()):
-                    bad.append((c["key"], layer))
+                if not torch.equal(eager(i), got[j:j + 1]):
+                    bad.append((key, i))
+            layer += len(run)
     return n, bad
-
-
-def summary(rows):
-    """{(side-less) point: (worst ratio, worst max_abs, where)} over all rows."""
-    out = {}
-    for call, layer, point, ok, ratio, diff in rows:
-        cur = out.get(point)
-        if cur is None or ratio > cur[0]:
-            out[point] = (ratio, diff, f"{call}/L{layer}")
-    return out
-
-
-def _table(title, rows, out):
-    out(f"{title}: {sum(r[3] for r in rows)}/{len(rows)} points pass")
-    out(f"  {'point':16s} {'worst err/allow':>16s} {'max|a-b|':>12s}  at")
-    for point, (ratio, diff, where) in summary(rows).items():
-        shown = "exact" if point in INDEX_POINTS and ratio == 0 else f"{ratio:.4f}"
-        out(f"  {point:16s} {shown:>16s} {diff:12.3e}  {where}")
-    bad = [r for r in rows if not r[3]]
-    if bad:
-        c, layer, point, _, ratio, diff = bad[0]
-        out(f"  first divergence: {c} L{layer}.{point} (err/allow {ratio:.3g}, "
-            f"max|a-b| {diff:.3g})")
-    return not bad
-
-
-def cmd_run(args, out=print) -> int:
-    from port.attn_v41 import AttnStackV41 as Port
-    from reference.attn_v41 import AttnStackV41 as Ref
-    torch.set_num_threads(1)       # tiny tensors: a second thread only adds contention
-    t0 = time.perf_counter()
-    stem = args.fixture or DEFAULT_STEM
-    man, rec, w = load_fixture(stem)
-    off = man["official"]
-    out(f"needle-parity ladder, model attn_v41: fixture {os.path.basename(stem)} of "
-        f"{off.get('repo')} @ {off.get('revision', '')[:12]} (model.py sha256 "
-        f"{off.get('sha256', '')[:16]}..., {off.get('used')})")
-    ma = man["model_args"]
-    out(f"model: {len(ma['compress_ratios'])} layers, ratios {ma['compress_ratios']}, kv sources "
-        f"{ma['kv_source_layers']}, index sources {ma['index_source_layers']}, candidate source "
-        f"{ma['candidate_source_layer']}; {len(man['calls'])} calls "
-        f"({', '.join(s['name'] for s in man.get('scenarios', []))})")
-    order = [c["key"] for c in man["calls"]]
-    port = Port(ma, w, backend=args.backend, decode="eager", device=args.device)   # checks
-    ref = run_side(Ref(ma, w), man, rec)
-    ok = _table("reference vs official", compare(ref, rec, "v41_official", order), out)
-    eager_run = run_side(port, man, rec)
-    ok &= _table(f"port ({args.backend}, eager, {args.device}) vs reference",
-                 compare(eager_run, ref, "v41_port", order), out)
-    # the graph check runs whatever --decode says (the eager side is the run just compared)
-    graph = Port(ma, w, backend=args.backend, decode="graph", device=args.device)
-    n, bad = graph_vs_eager(None, graph, man, rec, eager_run)
-    how = (f"CUDA: {graph.graphs.captures} graphs captured and replayed"
-           if graph.dev.type == "cuda" else
-           "no CUDA: capturable body run eagerly on static buffers; capture+replay is "
-           "tests/test_attn_v41_cuda.py")
-    out(f"decode graph vs eager: {n - len(bad)}/{n} capturable layer-steps byte-identical "
-        f"({how})" + (f"; first mismatch {bad[0]}" if bad else ""))
-    ok &= not bad
-    out(f"total {time.perf_counter() - t0:.2f} s; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads")
-    return 0 if ok else 1

@@ -3,9 +3,19 @@ compressed classes (ratio 2 and 1) whose kv sources publish a compressed cache, 
 sources publish a selection (the candidate source also a block filter) and whose other layers
 reuse what was last published.
 
-  AttnStackV41(args, weights, backend="torch"|"triton", decode="eager"|"graph", device=None)
-  reset()                              a new sequence (layer 0 at position 0 also resets)
-  forward(layer, x, start_pos, trace)  x [m, dim] bf16 -> [m, dim] bf16; layers in order
+The seed's split: the runtime is built once per model (RoPE tables, the decode static buffers,
+the static bf16 [max_tokens, dim] output buffer `out`) and holds one LayerWeightsV41 per layer;
+everything a sequence writes lives in a SequenceV41 (per-layer LayerStateV41, its SharedV41;
+port/attn_v41_state.py), so one runtime serves many sequences. `AttnStackV41` is the same type.
+
+  AttnV41(args, weights, backend="torch"|"triton", decode="eager"|"graph", device=None,
+          max_tokens=None)
+  new_sequence()                        a SequenceV41 of its own
+  reset(seq=None)                       start a sequence over (layer 0 at position 0 also does)
+  forward(layer, x, start_pos, trace=None, seq=None)
+                                        x [m, dim] bf16 -> out[:m] (a view of the static output
+                                        buffer, valid until the next call); layers in order;
+                                        seq defaults to the runtime's own sequence
   decode_capturable(layer)             False on kv and index sources (host decisions mid-layer)
   decode_fixed_topk(layer)             ratio > 0: min(window + index_topk, 2048); ratio 0: window
   decode_prep(layer, start_pos)        host: position and the -1-padded selection (window slots,
@@ -15,7 +25,13 @@ reuse what was last published.
   decode_body(layer, x, rows_b)        device only: projections, RoPE from the device position,
                                        the ring write at pos % window, sparse attention over
                                        [ring | rows_b] with the fixed-width selection, output
+                                       into the static buffer
   invalidate_decode_uploads()          forget what the static buffers hold
+
+Limit: past position 0 a call takes one token. A chunked prefill (m > 1 at start_pos > 0) is
+refused before any write ("start_pos=.. > 0 takes one token"): the ring write, the window
+indices and the compressors' group filling past position 0 are the official decode's, one
+token at a time; generalising them is not done here.
 
 A capturable one-token step runs the same arithmetic eagerly and in the body (the eager step
 hands sparse attention the unpadded selection, the body the -1-padded one, which changes no
@@ -30,12 +46,14 @@ import torch.nn.functional as F
 from kernels.ring import ring_put_torch, ring_put_triton, window_topk_idxs
 from kernels.sparse_attn_v41 import sparse_attn_v41
 from reference.config_v41 import (MAX_SELECTION, V41Args, V41ConfigError,
-                                   forward_call_problem, weight_names)
+                                   forward_call_problem, mtp_layers_present, mtp_weight_names,
+                                   weight_names)
 
-from .attn_v41_compress import NOTHING_PUBLISHED, check_sources, compressed_part
+from .attn_v41_compress import check_sources, compressed_part
 from .attn_v41_ops import AttnV41Error, fp8_rt, grouped_projection, rms, rope, rope_cis
+from .attn_v41_state import LayerWeightsV41, SequenceV41, SharedV41
 
-__all__ = ["AttnStackV41", "AttnV41Error"]
+__all__ = ["AttnV41", "AttnStackV41", "AttnV41Error"]
 
 
 class AttnStackV41:
@@ -43,6 +61,7 @@ class AttnStackV41:
                  device=None, max_tokens: int | None = None):
         try:
             self.args = a = V41Args.from_any(args)
+            self.mtp = mtp_layers_present(a, weights)
         except V41ConfigError as e:
             raise AttnV41Error(str(e)) from None
         if backend not in ("torch", "triton"):
@@ -60,12 +79,16 @@ class AttnStackV41:
         self.max_tokens = max_tokens or a.max_seq_len
         if not 1 <= self.max_tokens <= a.max_seq_len:
             raise AttnV41Error(f"max_tokens={self.max_tokens} outside 1..{a.max_seq_len}")
-        self.w = {}
+        self.layers, self.w = [], {}          # per-layer weights; `w` the flat official view
         for i in range(a.n_layers):
+            own = {}
             for n in weight_names(a, i):
                 if n not in weights:
                     raise AttnV41Error(f"weights lack {n!r} (layer {i}'s role needs it)")
-                self.w[n] = weights[n].to(dev)
+                self.w[n] = own[n.split(".attn.", 1)[1]] = weights[n].to(dev)
+            self.layers.append(LayerWeightsV41(i, a.role(i), own))
+        for k in self.mtp:                  # held, not run: DSpark attention reads main_x
+            self.w.update({n: weights[n].to(dev) for n in mtp_weight_names(k)})
         self.plain = rope_cis(a.rope_head_dim, a.max_seq_len, a.rope_theta).to(dev)
         self.yarn = rope_cis(a.rope_head_dim, a.max_seq_len, a.compress_rope_theta, True,
                              a.rope_factor, a.original_seq_len, a.beta_fast,
@@ -76,42 +99,45 @@ class AttnStackV41:
         self.idx_dev = torch.full((1, min(a.window_size + a.index_topk, MAX_SELECTION)), -1,
                                   **i64)                                  # ratio > 0 class
         self.idx_dev_win = torch.full((1, a.window_size), -1, **i64)     # ratio 0 class
+        # the seed's out_ptr: every path writes its output rows here and returns them as a
+        # view (valid until the next call), so a captured step bakes one output address
+        self.out = torch.zeros(self.max_tokens, a.dim, dtype=torch.bfloat16, device=dev)
         self._uploaded = {}
-        self._state = None
-        self.reset()
+        self.seq = self._active = self.new_sequence()      # the default sequence
         self.graphs = None
         if decode == "graph":
             from .attn_v41_graph import DecodeGraphsV41
             self.graphs = DecodeGraphsV41(self)
 
-    # ---- state ----
-    def reset(self):
-        """Zero every per-sequence buffer in place (captured graphs keep their pointers)."""
-        a, dev, bf = self.args, self.dev, torch.bfloat16
-        if self._state is None:
-            self.ring = [torch.zeros(a.window_size, a.head_dim, dtype=bf, device=dev)
-                         for _ in range(a.n_layers)]
-            self.cache, self.kcache, self.kv_state, self.score_state = {}, {}, {}, {}
-            for i in a.kv_source_layers:
-                r = a.compress_ratios[i]
-                self.cache[i] = torch.zeros(a.max_seq_len // r, a.head_dim, dtype=bf, device=dev)
-                if i in a.index_source_layers:
-                    self.kcache[i] = torch.zeros(a.max_seq_len // r, a.index_head_dim, dtype=bf,
-                                                 device=dev)
-                if r > 1:
-                    self.kv_state[i] = torch.zeros(r, a.head_dim, dtype=torch.float32, device=dev)
-                    self.score_state[i] = torch.empty_like(self.kv_state[i])
-            self._state = [*self.ring, *self.cache.values(), *self.kcache.values(),
-                           *self.kv_state.values()]
-        for t in self._state:
-            t.zero_()
-        for t in self.score_state.values():
-            t.fill_(-torch.inf)
-        self.shared = dict(NOTHING_PUBLISHED)
+    # ---- sequences ----
+    def new_sequence(self) -> SequenceV41:
+        """A sequence of its own (per-layer state and SharedV41) that this runtime serves when
+        passed as forward(..., seq=)."""
+        return SequenceV41(self.args, self.dev)
+
+    def reset(self, seq: SequenceV41 | None = None):
+        """Start `seq` (default: the default sequence) over, zeroing its buffers in place
+        (captured graphs keep their pointers)."""
+        (seq or self.seq).reset()
         self.invalidate_decode_uploads()
 
+    # the buffers of the sequence being served (the default one outside a call)
+    ring = property(lambda self: [st.ring for st in self._active.layers])
+    cache = property(lambda self: self._active.by_layer("cache"))
+    kcache = property(lambda self: self._active.by_layer("kcache"))
+    kv_state = property(lambda self: self._active.by_layer("kv_state"))
+    score_state = property(lambda self: self._active.by_layer("score_state"))
+
+    @property
+    def shared(self) -> SharedV41:
+        return self._active.shared
+
+    @shared.setter
+    def shared(self, published):
+        self._active.shared = SharedV41(**published)
+
     def _p(self, layer, name):
-        return self.w[f"layers.{layer}.attn.{name}"]
+        return self.layers[layer].w[name]
 
     # ---- decode classes ----
     def decode_capturable(self, layer: int) -> bool:
@@ -201,7 +227,8 @@ class AttnStackV41:
                             self.backend).to(torch.bfloat16)
         o_rot = rope(o, cis, inverse=True)
         og, out = grouped_projection(o_rot, self._p(layer, "wo_a.weight"),
-                                     self._p(layer, "wo_b.weight"), a.o_groups)
+                                     self._p(layer, "wo_b.weight"), a.o_groups,
+                                     out=self.out[:q.shape[0]])
         return {"o": o, "o_rot": o_rot, "og": og, "out": out}
 
     def _step(self, layer, x, pos, idx, rows_b):
@@ -221,12 +248,71 @@ class AttnStackV41:
         if problem:
             raise AttnV41Error(problem)
 
-    def forward(self, layer: int, x, start_pos: int, trace=None):
+    def forward(self, layer: int, x, start_pos: int, trace=None, seq=None):
+        """Layer `layer`'s attention for `seq` (default: the default sequence). The result is
+        a view of the static output buffer: read or copy it before the next call."""
+        if seq is not None and not isinstance(seq, SequenceV41):
+            raise AttnV41Error(f"seq={type(seq).__name__} is not a SequenceV41 "
+                               f"(make one with new_sequence())")
+        self._active = seq or self.seq
+        try:
+            return self._forward(layer, x, start_pos, trace)
+        finally:
+            self._active = self.seq
+
+    def segments(self) -> list:
+        """The runs of consecutive capturable layers (what forward_segment takes)."""
+        runs, cur = [], []
+        for i in range(self.args.n_layers):
+            if self.decode_capturable(i):
+                cur.append(i)
+            elif cur:
+                runs, cur = runs + [tuple(cur)], []
+        return runs + ([tuple(cur)] if cur else [])
+
+    def check_segment(self, layers, xs, start_pos) -> tuple:
+        layers = tuple(layers)
+        if not layers or not any(layers == run[i:i + len(layers)]
+                                 for run in self.segments() for i in range(len(run))):
+            raise AttnV41Error(f"layers {list(layers)} are not consecutive capturable layers "
+                               f"(runs: {self.segments()})")
+        if start_pos < 1:
+            raise AttnV41Error(f"forward_segment start_pos={start_pos}: a segment is a decode "
+                               f"step (position 0 is a prefill)")
+        if xs.dim() != 2 or xs.shape[0] != len(layers):
+            raise AttnV41Error(f"xs must be [{len(layers)}, dim] (one input row per layer), got "
+                               f"{list(xs.shape)}")
+        for j, layer in enumerate(layers):
+            self._check(layer, xs[j:j + 1], start_pos)
+            check_sources(self, layer, 1, start_pos)
+        return layers
+
+    def forward_segment(self, layers, xs, start_pos: int, seq=None):
+        """One decode step of consecutive capturable layers (none of them a source, so what
+        they read is fixed before the first runs), inputs xs [n, dim] bf16 -> [n, dim]: with
+        decode="graph" one graph holds the whole run, both selection classes; eager runs the
+        layers one by one. Equal bytes either way, and equal to forward() layer by layer."""
+        if seq is not None and not isinstance(seq, SequenceV41):
+            raise AttnV41Error(f"seq={type(seq).__name__} is not a SequenceV41 "
+                               f"(make one with new_sequence())")
+        self._active = seq or self.seq
+        try:
+            layers = self.check_segment(layers, xs, start_pos)
+            xs = xs.to(self.dev)
+            if self.graphs is not None:
+                return self.graphs.segment_step(layers, xs, start_pos)
+            tr = lambda name, lay, v: None  # noqa: E731
+            return torch.cat([self._eager_step(layer, xs[j:j + 1], start_pos, tr).clone()
+                              for j, layer in enumerate(layers)])
+        finally:
+            self._active = self.seq
+
+    def _forward(self, layer, x, start_pos, trace):
         self._check(layer, x, start_pos)
         check_sources(self, layer, x.shape[0], start_pos)       # refuse before any write
         x = x.to(self.dev)
         if layer == 0 and start_pos == 0:
-            self.reset()
+            self.reset(self._active)
         tr = trace or (lambda name, lay, v: None)
         if start_pos > 0 and self.decode_capturable(layer):
             if self.graphs is not None:
@@ -275,3 +361,6 @@ def emit(tr, layer, res, widx, idx, rows_b):
     tr("topk_idxs", layer, idx)
     for name in ("o", "o_rot", "og", "out"):
         tr(name, layer, res[name])
+
+
+AttnV41 = AttnStackV41

@@ -102,13 +102,16 @@ def rms(x, w, eps):
     return (f * scale * w).to(x.dtype)
 
 
-def grouped_projection(o_rot, wo_a, wo_b, groups):
+def grouped_projection(o_rot, wo_a, wo_b, groups, out=None):
     """spec §3.10: o_rot [m, H, D] -> (og [m, groups·rank], out [m, dim]). wo_a is
     block-diagonal: group g's contiguous slice of heads meets only rows g·rank.. of wo_a, so
-    it runs as one batched product over the groups."""
+    it runs as one batched product over the groups. `out`: rows to write the result into
+    (the same product F.linear runs: og · wo_bᵀ)."""
     lhs = o_rot.reshape(o_rot.shape[0], groups, -1)
     og = torch.einsum("mgk,gnk->mgn", lhs, wo_a.unflatten(0, (groups, -1))).flatten(1)
-    return og, torch.nn.functional.linear(og, wo_b)
+    if out is None:
+        return og, torch.nn.functional.linear(og, wo_b)
+    return og, torch.mm(og, wo_b.t(), out=out)
 
 
 def visible(m, start_pos, ratio, device=None):

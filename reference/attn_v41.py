@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from .attn_v41_index import candidate_keep, select, visible_lens, window_idxs
 from .attn_v41_quant import fp4_roundtrip_e4m3, fp4_roundtrip_e8m0, fp8_roundtrip
 from .attn_v41_rope import rope_table, rotate
-from .config_v41 import V41Args, forward_call_problem, weight_names
+from .config_v41 import (V41Args, V41ConfigError, forward_call_problem, mtp_layers_present,
+                          mtp_weight_names, weight_names)
 
 TILE = 64
 NOTHING_PUBLISHED = {"compress_kv": None, "index_k": None, "topk_idxs": None, "candidates": None}
@@ -107,13 +108,19 @@ def sparse_attn_sink(q, rows, sink, idx, scale):
 
 class AttnStackV41:
     def __init__(self, args, weights: dict):
-        self.args = a = V41Args.from_any(args)
+        try:
+            self.args = a = V41Args.from_any(args)
+            self.mtp = mtp_layers_present(a, weights)
+        except V41ConfigError as e:
+            raise AttnV41Error(str(e)) from None
         self.w = {}
         for i in range(a.n_layers):
             for name in weight_names(a, i):
                 if name not in weights:
                     raise AttnV41Error(f"weights lack {name!r} (layer {i}'s role needs it)")
                 self.w[name] = weights[name]
+        for k in self.mtp:                  # held, not run: DSpark attention reads main_x
+            self.w.update({n: weights[n] for n in mtp_weight_names(k)})
         self.plain = rope_table(a.rope_head_dim, a.max_seq_len, a.rope_theta)
         self.yarn = rope_table(a.rope_head_dim, a.max_seq_len, a.compress_rope_theta, True,
                                a.rope_factor, a.original_seq_len, a.beta_fast, a.beta_slow)
@@ -124,10 +131,10 @@ class AttnStackV41:
         bf = torch.bfloat16
         self.ring = [torch.zeros(a.window_size, a.head_dim, dtype=bf) for _ in range(a.n_layers)]
         self.cache, self.kcache, self.kv_state, self.score_state = {}, {}, {}, {}
-        for i in a.kv_source_layers:
+        for i in a.kv_sources:
             r = a.compress_ratios[i]
             self.cache[i] = torch.zeros(a.max_seq_len // r, a.head_dim, dtype=bf)
-            if i in a.index_source_layers:
+            if i in a.index_sources:
                 self.kcache[i] = torch.zeros(a.max_seq_len // r, a.index_head_dim, dtype=bf)
             if r > 1:
                 self.kv_state[i] = torch.zeros(r, a.head_dim, dtype=torch.float32)
@@ -314,3 +321,6 @@ class AttnStackV41:
         # spec §3.7 fixes the order: each head's rectified dot is weighted and rounded to bf16,
         # then the heads are summed (not one fused weighted contraction)
         return (per_head.relu() * head_w.unsqueeze(-1)).sum(dim=1)
+
+
+AttnV41 = AttnStackV41

@@ -2,8 +2,15 @@
 attention reads, the checks the runtime makes at construction, and each layer's role.
 
 Geometry only, no math: both reference/attn_v41.py and port/attn_v41.py read it, as they read
-reference/config.py for needle v2. Field names are the official ones; any other field of the
-object or dict handed in is ignored.
+reference/config.py for needle v2. Field names are the official ones (the official `ModelArgs`
+takes its inference config.json keys as they are); any other field of the object or dict handed
+in is ignored.
+
+Layers follow the official model: `n_layers` backbone blocks, block i taking
+`compress_ratios[i]`. Entries past `n_layers` belong to the MTP (DSpark draft) layers
+`n_layers .. n_layers + n_mtp_layers - 1`; only backbone layers are ever kv or index sources
+(official `is_backbone`), so source-list entries outside the backbone are ignored as the
+official code ignores them. `mtp_layers_present` decides which MTP layers a runtime builds.
 """
 from __future__ import annotations
 
@@ -29,6 +36,10 @@ class LayerRole:
 
 
 _TUPLE_FIELDS = ("compress_ratios", "kv_source_layers", "index_source_layers")
+# fields the official ModelArgs defaults that only decide the MTP layers, not the backbone
+OFFICIAL_DEFAULTS = {"n_mtp_layers": 1}
+MTP_ATTN_NAMES = ("attn_sink", "wq_a.weight", "q_norm.weight", "wq_b.weight", "wkv.weight",
+                  "kv_norm.weight", "wo_a.weight", "wo_b.weight")
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,9 @@ class V41Args:
     beta_slow: int
     norm_eps: float
     max_seq_len: int
+    n_layers: int
+    # official default; the MTP layers only exist in a runtime when their weights are given
+    n_mtp_layers: int = 1
 
     @classmethod
     def from_any(cls, args) -> "V41Args":
@@ -79,6 +93,8 @@ class V41Args:
         vals = {}
         for f in fields(cls):
             v = get(f.name)
+            if v is absent and f.name in OFFICIAL_DEFAULTS:
+                v = OFFICIAL_DEFAULTS[f.name]
             if v is absent:
                 raise V41ConfigError(f"args lack the field {f.name!r} (every one of "
                                      f"{len(fields(cls))} ModelArgs fields the attention reads "
@@ -98,10 +114,13 @@ class V41Args:
                 raise V41ConfigError(what)
         for name in ("dim", "n_heads", "head_dim", "rope_head_dim", "q_lora_rank", "o_groups",
                      "o_lora_rank", "window_size", "index_n_heads", "index_head_dim",
-                     "max_seq_len"):
+                     "max_seq_len", "n_layers"):
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                  f"{name}={v!r} must be an integer >= 1")
+        m = self.n_mtp_layers
+        need(isinstance(m, int) and not isinstance(m, bool) and m >= 0,
+             f"n_mtp_layers={m!r} must be an integer >= 0")
         rd = self.rope_head_dim
         need(rd % 2 == 0 and rd // 2 <= 256, f"rope_head_dim={rd} must be even and <= 512")
         need(rd <= self.head_dim and rd <= self.index_head_dim,
@@ -118,36 +137,57 @@ class V41Args:
              f"n_heads={self.n_heads} not divisible by o_groups={self.o_groups}")
         need(all(r >= 0 for r in self.compress_ratios),
              f"compress_ratios={self.compress_ratios} must be >= 0")
-        n = len(self.compress_ratios)
-        need(n >= 1, "compress_ratios is empty: no layers")
+        n = self.n_layers
+        # the official Block takes compress_ratios[layer_id] for every backbone layer
+        need(len(self.compress_ratios) >= n,
+             f"compress_ratios has {len(self.compress_ratios)} entries; n_layers={n} needs one "
+             f"per backbone layer (entries past n_layers belong to MTP layers)")
         for name in ("kv_source_layers", "index_source_layers"):
             for i in getattr(self, name):
-                need(0 <= i < n and self.compress_ratios[i] > 0,
-                     f"{name} holds layer {i}: outside 0..{n - 1} or a ratio-0 layer")
+                # official Compressor/Indexer size caches by max_seq_len // ratio
+                need(not 0 <= i < n or self.compress_ratios[i] > 0,
+                     f"{name} holds layer {i}, a ratio-0 layer (its caches would hold "
+                     f"max_seq_len // 0 rows)")
         c = self.candidate_source_layer
-        if c >= 0:
+        if 0 <= c < n:
             need(c in self.index_source_layers,
                  f"candidate_source_layer={c} is not an index source {self.index_source_layers}")
             need(self.candidate_topk_blocks >= 1 and self.candidate_block_size >= 1,
                  f"candidate_topk_blocks={self.candidate_topk_blocks} and "
                  f"candidate_block_size={self.candidate_block_size} must be >= 1")
-            for i in self.index_source_layers:
+            for i in self.index_sources:
                 need(i <= c or self.compress_ratios[i] == self.compress_ratios[c],
                      f"layer {i} uses layer {c}'s candidates but its ratio "
                      f"{self.compress_ratios[i]} differs from {self.compress_ratios[c]}")
         need(self.window_size + self.index_topk <= MAX_SELECTION or
-             not any(self.compress_ratios),
+             not any(self.ratios),
              f"window_size + index_topk = {self.window_size + self.index_topk} exceeds "
              f"{MAX_SELECTION}")
-        for i, r in enumerate(self.compress_ratios):
-            if r and i not in self.kv_source_layers:
-                need(any(s < i for s in self.kv_source_layers),
+        for i, r in enumerate(self.ratios):
+            if r and i not in self.kv_sources:
+                need(any(s < i for s in self.kv_sources),
                      f"layer {i} (ratio {r}) reads a compressed cache no earlier kv source "
                      f"publishes")
 
     @property
-    def n_layers(self) -> int:
-        return len(self.compress_ratios)
+    def ratios(self) -> tuple:
+        """The backbone layers' ratios (compress_ratios[:n_layers])."""
+        return self.compress_ratios[:self.n_layers]
+
+    @property
+    def kv_sources(self) -> tuple:
+        """kv_source_layers inside the backbone (the official code ignores the rest)."""
+        return tuple(i for i in self.kv_source_layers if 0 <= i < self.n_layers)
+
+    @property
+    def index_sources(self) -> tuple:
+        return tuple(i for i in self.index_source_layers if 0 <= i < self.n_layers)
+
+    @property
+    def candidate_source(self) -> int:
+        """candidate_source_layer, or -1 when it names no backbone layer (filter off)."""
+        c = self.candidate_source_layer
+        return c if 0 <= c < self.n_layers else -1
 
     @property
     def group_width(self) -> int:
@@ -156,12 +196,12 @@ class V41Args:
     def role(self, layer: int) -> LayerRole:
         if not 0 <= layer < self.n_layers:
             raise V41ConfigError(f"layer={layer} outside 0..{self.n_layers - 1}")
-        c = self.candidate_source_layer
+        c = self.candidate_source
         return LayerRole(ratio=self.compress_ratios[layer],
-                         is_kv_source=layer in self.kv_source_layers,
-                         is_index_source=layer in self.index_source_layers,
+                         is_kv_source=layer in self.kv_sources,
+                         is_index_source=layer in self.index_sources,
                          is_candidate_source=layer == c,
-                         uses_candidates=0 <= c < layer and layer in self.index_source_layers)
+                         uses_candidates=0 <= c < layer and layer in self.index_sources)
 
     def to_dict(self) -> dict:
         return {f.name: (list(getattr(self, f.name)) if f.name in _TUPLE_FIELDS
@@ -185,11 +225,48 @@ def weight_names(args: V41Args, layer: int) -> list:
     return names
 
 
+def mtp_weight_names(mtp: int) -> list:
+    """The attention parameters of MTP stage `mtp` (official `mtp.{k}.attn.*`: a window-only
+    DSpark attention, no compressor or indexer)."""
+    return [f"mtp.{mtp}.attn.{n}" for n in MTP_ATTN_NAMES]
+
+
+def mtp_layers_present(args: V41Args, weights) -> list:
+    """The MTP stages a runtime builds: those of 0..n_mtp_layers-1 whose attention weights are
+    all given (none given: the stage is ignored, as the official model ignores it without
+    `dspark_block_size`). A stage built must have its compress_ratios entry, and it must be 0
+    (the official DSparkAttention asserts it); a stage given only part of its weights is
+    refused, naming the first one missing."""
+    built = []
+    for k in range(args.n_mtp_layers):
+        names = mtp_weight_names(k)
+        have = [n in weights for n in names]
+        if not any(have):
+            continue
+        if not all(have):
+            missing = names[have.index(False)]
+            raise V41ConfigError(f"weights lack {missing!r} (MTP layer {args.n_layers + k} "
+                                 f"has some of its attention weights but not all)")
+        i = args.n_layers + k
+        if i >= len(args.compress_ratios):
+            raise V41ConfigError(f"MTP layer {i} has weights but compress_ratios has "
+                                 f"{len(args.compress_ratios)} entries (needs n_layers + "
+                                 f"n_mtp_layers = {args.n_layers + args.n_mtp_layers})")
+        if args.compress_ratios[i]:
+            raise V41ConfigError(f"MTP layer {i}: compress_ratios[{i}]="
+                                 f"{args.compress_ratios[i]} must be 0 (DSpark attention is "
+                                 f"window-only)")
+        built.append(k)
+    return built
+
+
 def forward_call_problem(args: V41Args, layer, x, start_pos: int, max_tokens: int):
     """Why `forward(layer, x, start_pos)` cannot run on this geometry (naming the value and
     the limit), or None. Both the reference and the port refuse with it before any write."""
     if not isinstance(layer, int) or not 0 <= layer < args.n_layers:
-        return f"layer={layer!r} outside 0..{args.n_layers - 1}"
+        mtp = (f" (layers {args.n_layers}.. are MTP layers: DSpark attention, not run here)"
+               if isinstance(layer, int) and layer >= args.n_layers and args.n_mtp_layers else "")
+        return f"layer={layer!r} outside 0..{args.n_layers - 1}{mtp}"
     if x.dim() != 2 or x.shape[1] != args.dim or str(x.dtype) != "torch.bfloat16":
         return f"x must be bf16 [m, dim={args.dim}], got {x.dtype} {list(x.shape)}"
     m = x.shape[0]

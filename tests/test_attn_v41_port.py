@@ -21,17 +21,16 @@ def port_run(v41_fx):
 
 
 def _check(port_run, v41_ref_run, calls):
-    rows = compare(port_run, v41_ref_run, "v41_port", [c["key"] for c in calls])
-    bad = [r for r in rows if not r[3]]
-    assert rows and not bad, f"{len(bad)} failing points, first {bad[:1]}"
-    return rows
+    cmp = compare(port_run, v41_ref_run, "v41_port", calls)
+    assert cmp.rows and cmp.passed, f"{len(cmp.failures)} failing points, first {cmp.first}"
+    return cmp.rows
 
 
 def test_port_torch_matches_reference(v41_fx, v41_ref_run, port_run):
     man, rec, w = v41_fx
     rows = _check(port_run, v41_ref_run, man["calls"])
     assert {"topk_idxs", "window_idxs", "latent", "index_q", "compressed_rows"} <= \
-        {r[2] for r in rows}
+        {r.point.split(".", 1)[1] for r in rows}
 
 
 @needs_triton

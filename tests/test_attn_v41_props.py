@@ -174,7 +174,9 @@ def attn_case(seed, T, K, na, nb):
 
 
 def _pad(idx, extra):
-    return torch.cat([idx, torch.full((idx.shape[0], extra), -1)], 1)
+    # built beside idx: on a GPU run a CPU tensor here would make torch.cat refuse (or copy)
+    return torch.cat([idx, torch.full((idx.shape[0], extra), -1, dtype=idx.dtype,
+                                      device=idx.device)], 1)
 
 
 @given(st.integers(0, 2 ** 31), st.integers(1, 3), st.integers(0, 20), st.integers(1, 9),

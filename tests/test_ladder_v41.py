@@ -4,6 +4,9 @@ import json
 import os
 import shutil
 
+import pytest
+import torch
+
 from safetensors.torch import load_file, save_file
 
 from ladder.cli import main, parser
@@ -17,16 +20,19 @@ def run(*argv):
 
 
 def test_run_reports_every_comparison():
-    """The plain command (default --decode eager) reports all three comparisons, and says how
-    the graph one ran: without CUDA the capturable body runs eagerly on the static buffers."""
+    """The plain command reports all three comparisons through the ladder's Comparison, and
+    says how the graph one ran: without CUDA the capturable body runs eagerly on the static
+    buffers."""
     rc, text = run("run", "--model", "attn_v41")
     assert rc == 0, text
-    assert "reference vs official: 3961/3961 points pass" in text
-    assert "port (torch, eager, cpu) vs reference: 3961/3961 points pass" in text
+    assert "reference vs official: 3961 points over 48 steps, 0 failing (PASS)" in text
+    assert "port (torch, eager, cpu) vs reference: 3961 points over 48 steps, 0 failing " \
+           "(PASS)" in text
     assert ("decode graph vs eager: 220/220 capturable layer-steps byte-identical (no CUDA: "
             "capturable body run eagerly on static buffers; capture+replay is "
             "tests/test_attn_v41_cuda.py)") in text
     assert "first divergence" not in text
+    assert "v41_port/*.topk_idxs" in text            # index points under the exact rule
 
 
 def test_run_names_the_first_divergence(tmp_path):
@@ -37,7 +43,7 @@ def test_run_names_the_first_divergence(tmp_path):
     save_file(t, stem + ".safetensors")
     rc, text = run("run", "--model", "attn_v41", "--fixture", stem)
     assert rc == 1
-    assert "first divergence: c005 L3.out" in text
+    assert "first divergence: c005/L03.out" in text
 
 
 def test_bad_input_exits_2(tmp_path, capsys):
@@ -49,8 +55,6 @@ def test_bad_input_exits_2(tmp_path, capsys):
     shutil.copy(DEFAULT_STEM + ".safetensors", stem + ".safetensors")
     assert run("run", "--model", "attn_v41", "--fixture", stem)[0] == 2
     assert "lacks field 'model_args'" in capsys.readouterr().err
-    assert run("locate", "--model", "attn_v41")[0] == 2
-    assert "only `run` is implemented" in capsys.readouterr().err
     assert run("run", "--model", "attn_v41", "--device", "nonsense")[0] == 2
     assert "device='nonsense'" in capsys.readouterr().err
 
@@ -58,3 +62,120 @@ def test_bad_input_exits_2(tmp_path, capsys):
 def test_default_model_is_needle_v2():
     assert parser().parse_args(["run"]).model == "needle_v2"
     assert os.path.isfile(DEFAULT_STEM + ".safetensors")
+
+
+@pytest.mark.parametrize("option", [["--preset", "tiny"], ["--steps", "3"], ["--weights", "cq"],
+                                    ["--cact", "x.cact"], ["--decode=graph"], ["--seed", "0"],
+                                    ["--window", "4"], ["--no-check-plain"]])
+def test_options_that_do_not_apply_are_refused(option, capsys):
+    """A needle v2 option given to a V4.1 run is named and refused, even at its default value
+    (before: silently dropped)."""
+    assert run("run", "--model", "attn_v41", *option)[0] == 2
+    flag = option[0].split("=")[0]
+    assert f"error: {flag} does not apply to --model attn_v41" in capsys.readouterr().err
+    assert run("locate", "--model", "attn_v41", *option)[0] == 2
+
+
+def test_rules_file_is_honoured(tmp_path, capsys):
+    """--rules replaces V41_RULES: a rules file allowing 1e-10 relative on the official
+    comparison fails it (the reference differs from the official code by up to 3e-8 on some
+    point, inside the default bound, not exact); one with no V4.1 pattern is bad input naming
+    the point."""
+    tight = tmp_path / "tight.json"
+    tight.write_text(json.dumps({"rules": [
+        {"pattern": "v41_official/*.*_idxs", "rtol": 0.0, "exact": True},
+        {"pattern": "v41_official/*", "rtol": 1e-10},
+        {"pattern": "v41_port/*", "rtol": 0.0}]}))
+    rc, text = run("run", "--model", "attn_v41", "--rules", str(tight))
+    assert rc == 1, text
+    assert "reference vs official: 3961 points over 48 steps" in text and "DIVERGENCE" in text
+    assert "port (torch, eager, cpu) vs reference: 3961 points over 48 steps, 0 failing" in text
+    other = tmp_path / "v2.json"
+    other.write_text(json.dumps({"rules": [{"pattern": "port/*", "rtol": 3e-5}]}))
+    assert run("run", "--model", "attn_v41", "--rules", str(other))[0] == 2
+    assert "no tolerance rule matches 'v41_official/L00.qr'" in capsys.readouterr().err
+
+
+def _first_recorded(point, layers=range(8)):
+    """(call, layer): the first in forward order whose official recording holds `point` (where
+    a fault in the code computing it can first show), read from the recordings, not the port."""
+    with open(DEFAULT_STEM + ".json") as f:
+        man = json.load(f)
+    t = load_file(DEFAULT_STEM + ".safetensors")
+    return next((c["key"], layer) for c in man["calls"] for layer in layers
+                if f"{c['key']}/L{layer}/{point}" in t)
+
+
+def test_locate_finds_a_fault_planted_in_the_compressor(monkeypatch):
+    """The port's ratio-2 compressor pools with its gate weights reversed inside each group:
+    locate names the first call where layer 2 completes a group, layer 2, point latent, and
+    blames layer 2 (it still fails when re-run from the reference's state); layer 3, which
+    only reads the cache layer 2 published, passes from the reference's state (inherited)."""
+    import port.attn_v41_compress as C
+    monkeypatch.setattr(C, "_softmax_pool",
+                        lambda kv, gate: (kv * torch.softmax(gate, dim=1).flip(1)).sum(dim=1))
+    call, _ = _first_recorded("latent", layers=[2])      # the ratio-2 kv source
+    rc, text = run("locate", "--model", "attn_v41")
+    assert rc == 1, text
+    assert f"first divergence: {call}/L02.latent" in text
+    assert f"verdict: the layer's own error: re-run from the reference's state, L02 still " \
+           f"fails at latent in call {call}" in text
+    assert "L02 re-run on the reference's state" in text
+    layer_line = text.split(f"every layer's out at call {call}")[1].split("\n")[1]
+    l03 = layer_line.split("L03 ")[1].split()[0]
+    propagated, local = (float(v) for v in l03.split("/"))
+    assert local <= 1.0 < propagated, layer_line
+
+
+def test_locate_finds_a_fault_planted_in_the_indexer(monkeypatch):
+    """The port's index query is doubled before its e8m0 fp4 round trip: the first index
+    source to score (the first (call, layer) recording an index query) fails at index_q and
+    is blamed."""
+    import port.attn_v41_compress as C
+    rt = C.fp4_e8m0_rt
+    monkeypatch.setattr(C, "fp4_e8m0_rt", lambda x, *a: rt(x * 2, *a) if x.dim() == 3
+                        else rt(x, *a))
+    call, layer = _first_recorded("index_q")
+    rc, text = run("locate", "--model", "attn_v41")
+    assert rc == 1, text
+    assert f"first divergence: {call}/L{layer:02d}.index_q" in text
+    assert f"verdict: the layer's own error: re-run from the reference's state, " \
+           f"L{layer:02d} still fails at index_q in call {call}" in text
+
+
+def test_locate_without_divergence():
+    rc, text = run("locate", "--model", "attn_v41")
+    assert rc == 0, text
+    assert "no divergence: every point passes its rule" in text
+
+
+def test_report_writes_md_csv_html_with_plot(tmp_path):
+    rc, text = run("report", "--model", "attn_v41", "--out", str(tmp_path), "--plot", "svg")
+    assert rc == 0, text
+    md, csv, html = (tmp_path / f"ladder.{e}" for e in ("md", "csv", "html"))
+    assert "**PASS**" in md.read_text() and "reference vs official: 3961/3961" in md.read_text()
+    assert len(csv.read_text().splitlines()) == 1 + 3961
+    page = html.read_text()
+    assert 'src="data:image/svg+xml;base64,' in page and "v41_port/*.topk_idxs" in page
+
+
+def test_exact_rule_kind(tmp_path):
+    """The exact rule (index tensors): equal in their own dtype passes, any one difference
+    fails at its position, it allows no tolerance, and it survives a TOML round trip."""
+    from ladder.rules import V41_RULESET, Rule, RulesError, dump_rules, load_rules
+    rule = V41_RULESET.for_point("v41_port/L03.topk_idxs")
+    assert rule.exact and rule.describe() == "exact (torch.equal)"
+    a = torch.tensor([[3, 4, -1], [5, 6, 7]])
+    assert rule.error(a, a.clone()) == 0.0
+    b = a.clone()
+    b[1, 2] = 8
+    assert rule.error(a, b) == float("inf")
+    assert rule.position_errors(a, b) == [0.0, float("inf")]
+    big = torch.tensor([[2 ** 53 + 1]])           # equal as float64, not as integers
+    assert rule.error(big, big - 1) == float("inf")
+    with pytest.raises(RulesError, match="an exact rule allows nothing"):
+        Rule(1e-3, exact=True)
+    path = tmp_path / "v41.toml"
+    path.write_text(dump_rules(V41_RULESET))
+    assert "exact = true" in path.read_text()
+    assert load_rules(str(path)).rules == V41_RULESET.rules

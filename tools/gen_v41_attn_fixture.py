@@ -208,6 +208,15 @@ class Recorder:
                     lambda m_, i, o: put("latent", o[0]) if o is not None else None)
 
 
+def fixture_weights(model, args) -> dict:
+    """{"w/{official name}": tensor} for every backbone layer's attention: `n_layers` governs,
+    as in the official model (compress_ratios entries past it belong to MTP layers, whose
+    DSpark attention the fixture does not record)."""
+    v41 = V41Args.from_any(args)
+    return {f"w/{name}": model.get_parameter(name).detach().clone()
+            for i in range(v41.n_layers) for name in weight_names(v41, i)}
+
+
 def generate(text: str):
     torch.set_num_threads(1)            # one reduction order, whatever the machine
     torch.manual_seed(SEED)
@@ -219,10 +228,7 @@ def generate(text: str):
         init_weights(model, torch.Generator().manual_seed(SEED))
         rec = Recorder(mod, model)
         tensors, calls = {}, []
-        v41 = V41Args.from_any(args)
-        for i in range(v41.n_layers):
-            for name in weight_names(v41, i):
-                tensors[f"w/{name}"] = model.get_parameter(name).detach().clone()
+        tensors.update(fixture_weights(model, args))
         gen = torch.Generator().manual_seed(SEED + 1)
         scenarios = []
         for sname, prefill, last in SCENARIOS:
