@@ -53,7 +53,8 @@ def prepare_weights(params: dict, cfg: V2Config, cqw, device) -> dict:
         kv = (torch.cat([p[f"engrams_{s}/key_proj/kernel"],
                          p[f"engrams_{s}/value_proj/kernel"]], -1).t().contiguous()
               if cqw is None else
-              torch.cat([cqw[f"engram{s}.key_proj"].rows, cqw[f"engram{s}.value_proj"].rows]))
+              torch.cat([cqw[f"engram{s}.key_proj"].rows,
+                         cqw[f"engram{s}.value_proj"].rows]).to(device))
         w["sites"].append({
             "tables": p[f"engrams_{s}/embedding"].reshape(-1, cfg.engram_sub).contiguous(),
             "kv": kv.t(),                                  # [in, 2d] view

@@ -16,8 +16,10 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def plain(q, k, v, idx, scale, sink=None):
-    """float64: per query and head, softmax over the selected rows (sink in the denominator)."""
+    """float64 on the CPU, whatever device the inputs were built on: per query and head, softmax
+    over the selected rows (sink in the denominator)."""
     q, k, v, idx = q.cpu().double(), k.cpu().double(), v.cpu().double(), idx.cpu()
+    sink = None if sink is None else sink.cpu().double()
     T, H, D = q.shape
     rep = H // k.shape[1]
     out = torch.zeros(T, H, D, dtype=torch.float64)
@@ -28,7 +30,7 @@ def plain(q, k, v, idx, scale, sink=None):
                 continue
             s = torch.stack([q[t, h] @ k[j, h // rep] for j in sel]) * scale
             if sink is not None:
-                s = torch.cat([s, sink[h:h + 1].double()])
+                s = torch.cat([s, sink[h:h + 1]])
             w = torch.softmax(s, 0)[:len(sel)]
             out[t, h] = sum(w[n] * v[j, h // rep] for n, j in enumerate(sel))
     return out
@@ -86,8 +88,9 @@ def test_bad_shapes_named():
     with pytest.raises(SparseAttnError, match=r"idx must be integer \[T=3, K\]"):
         sparse_attn_torch(q, k, v, idx.float(), 0.3)
     with pytest.raises(SparseAttnError, match="H=4 not a multiple of KV=3"):
-        sparse_attn_torch(q, torch.zeros(5, 3, 12), torch.zeros(5, 3, 12), idx, 0.3)
+        kv3 = torch.zeros(5, 3, 12, device=DEV)
+        sparse_attn_torch(q, kv3, kv3, idx, 0.3)
     with pytest.raises(SparseAttnError, match=r"sink must be \[H=4\]"):
-        sparse_attn_torch(q, k, v, idx, 0.3, torch.zeros(3))
+        sparse_attn_torch(q, k, v, idx, 0.3, torch.zeros(3, device=DEV))
     with pytest.raises(SparseAttnError, match="backend='cuda'"):
         sparse_attn(q, k, v, idx, backend="cuda")

@@ -1,0 +1,123 @@
+"""One layer's mHC routing from its router logits, in one launch: Triton kernel and torch twin.
+
+Given the router output r = [pre (n) | post (n) | res (n·n)] of one token and the lanes X [n, d]:
+
+    hpre  = sigmoid(a_pre · r_pre + b_pre)                  [n]
+    u     = hpre · X                                        [d]   (the lane mix fed to the block)
+    hpost = 2 · sigmoid(a_post · r_post + b_post)           [n]
+    P     = Sinkhorn(a_res · r_res + b_res)                 [n, n]
+
+Sinkhorn is the log-domain one of the model (spec b.7): 20 fixed iterations of "subtract each
+row's max-shifted logsumexp, then each column's", then exp. Unfused that is ~80 device launches
+per layer; here the n x n matrix lives in registers of a single program for all iterations.
+
+Scalars a_* are 0-d device tensors (read in the kernel, never on the host: capturable). X may be
+any strided view (the first layer's lanes are one row expanded n times): the kernel reads it
+through its strides, so no copy is launched. Results come back as views of one buffer.
+"""
+from __future__ import annotations
+
+import torch
+
+MAX_LANES = 16          # the n x n matrix must fit one program's registers
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:                        # pragma: no cover
+    triton = None
+
+
+class MhcRouteError(ValueError):
+    """Inputs that do not describe one layer's routing (names the argument and the rule)."""
+
+
+def _check(r, X, a_pre, b_pre, a_post, b_post, a_res, b_res, iters):
+    if X.dim() != 2 or X.dtype != torch.float32:
+        raise MhcRouteError(f"X must be float32 [n, d], got {X.dtype} {list(X.shape)}")
+    n = X.shape[0]
+    if not 1 <= n <= MAX_LANES:
+        raise MhcRouteError(f"n={n} lanes outside 1..{MAX_LANES}")
+    if r.dim() != 1 or r.shape[0] != 2 * n + n * n or r.dtype != torch.float32:
+        raise MhcRouteError(f"r must be float32 [2n + n*n] = [{2 * n + n * n}], got "
+                            f"{r.dtype} {list(r.shape)}")
+    for name, t, shape in (("a_pre", a_pre, ()), ("a_post", a_post, ()), ("a_res", a_res, ()),
+                           ("b_pre", b_pre, (n,)), ("b_post", b_post, (n,)),
+                           ("b_res", b_res, (n, n))):
+        if tuple(t.shape) != shape or t.dtype != torch.float32:
+            raise MhcRouteError(f"{name} must be float32 {list(shape)}, got {t.dtype} "
+                                f"{list(t.shape)}")
+    if not isinstance(iters, int) or not 1 <= iters <= 64:
+        raise MhcRouteError(f"iters={iters!r} outside 1..64")
+
+
+def mhc_route_torch(r, X, a_pre, b_pre, a_post, b_post, a_res, b_res, iters: int = 20):
+    """-> (hpre [n], u [d], hpost [n], P [n, n]), in the model's op order."""
+    _check(r, X, a_pre, b_pre, a_post, b_post, a_res, b_res, iters)
+    n = X.shape[0]
+    hpre = torch.sigmoid(a_pre * r[:n] + b_pre)
+    u = hpre @ X
+    hpost = 2 * torch.sigmoid(a_post * r[n:2 * n] + b_post)
+    z = a_res * r[2 * n:].view(n, n) + b_res
+    for _ in range(iters):
+        z = z - torch.logsumexp(z, -1, keepdim=True)
+        z = z - torch.logsumexp(z, -2, keepdim=True)
+    return hpre, u, hpost, z.exp()
+
+
+if triton is not None:
+    @triton.jit
+    def _lse_rows_out(z, valid):
+        """z minus each row's max-shifted logsumexp; entries outside `valid` stay -inf."""
+        mx = tl.max(z, 1)
+        mx = tl.where(mx == float("-inf"), 0.0, mx)          # an all-padding row
+        # A real row's sum is >= 1 (its max term is exp(0)), so the clamp only keeps padding
+        # rows (sum 0) away from log(0); they stay -inf through `valid`.
+        s = tl.maximum(tl.sum(tl.exp(z - mx[:, None]), 1), 1.0)
+        return tl.where(valid, z - (mx + tl.log(s))[:, None], float("-inf"))
+
+    @triton.jit
+    def _mhc_route_kernel(r_ptr, x_ptr, apre_ptr, bpre_ptr, apost_ptr, bpost_ptr, ares_ptr,
+                          bres_ptr, out_ptr, n, d, sx0, sx1,
+                          ITERS: tl.constexpr, N: tl.constexpr, BLOCK_D: tl.constexpr):
+        i = tl.arange(0, N)
+        lane = i < n
+        hpre = tl.sigmoid(tl.load(apre_ptr) * tl.load(r_ptr + i, mask=lane, other=0.0)
+                          + tl.load(bpre_ptr + i, mask=lane, other=0.0))
+        hpre = tl.where(lane, hpre, 0.0)
+        hpost = 2.0 * tl.sigmoid(tl.load(apost_ptr) * tl.load(r_ptr + n + i, mask=lane, other=0.0)
+                                 + tl.load(bpost_ptr + i, mask=lane, other=0.0))
+        tl.store(out_ptr + i, hpre, mask=lane)
+        tl.store(out_ptr + n + i, hpost, mask=lane)
+
+        rc = i[:, None] * n + i[None, :]
+        valid = lane[:, None] & lane[None, :]
+        z = (tl.load(ares_ptr) * tl.load(r_ptr + 2 * n + rc, mask=valid, other=0.0)
+             + tl.load(bres_ptr + rc, mask=valid, other=0.0))
+        z = tl.where(valid, z, float("-inf"))
+        for _ in tl.static_range(ITERS):
+            z = _lse_rows_out(z, valid)                                  # rows
+            z = tl.trans(_lse_rows_out(tl.trans(z), tl.trans(valid)))    # columns
+        tl.store(out_ptr + 2 * n + rc, tl.exp(z), mask=valid)
+
+        base = out_ptr + 2 * n + n * n
+        for d0 in range(0, d, BLOCK_D):
+            j = d0 + tl.arange(0, BLOCK_D)
+            x = tl.load(x_ptr + i[:, None] * sx0 + j[None, :] * sx1,
+                        mask=lane[:, None] & (j[None, :] < d), other=0.0)
+            tl.store(base + j, tl.sum(hpre[:, None] * x, 0), mask=j < d)
+
+
+def mhc_route_triton(r, X, a_pre, b_pre, a_post, b_post, a_res, b_res, iters: int = 20,
+                     block_d: int = 128):
+    if triton is None:
+        raise RuntimeError("Triton is not installed on this platform")
+    _check(r, X, a_pre, b_pre, a_post, b_post, a_res, b_res, iters)
+    n, d = X.shape
+    out = torch.empty(2 * n + n * n + d, dtype=torch.float32, device=X.device)
+    r, b_pre, b_post, b_res = (t.contiguous() for t in (r, b_pre, b_post, b_res))  # no-ops
+    _mhc_route_kernel[(1,)](r, X, a_pre, b_pre, a_post, b_post, a_res, b_res, out, n, d,
+                            X.stride(0), X.stride(1), ITERS=iters,
+                            N=triton.next_power_of_2(n), BLOCK_D=block_d)
+    return (out[:n], out[2 * n + n * n:], out[n:2 * n],
+            out[2 * n:2 * n + n * n].view(n, n))

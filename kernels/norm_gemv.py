@@ -1,0 +1,217 @@
+"""An RMS norm folded into the matrix-vector product that reads it: Triton kernels and torch twins.
+
+    xn = (1 + gain) · x / sqrt(mean(x²) + eps)     kind "zc"   (zero-centred, the block norms)
+    xn = x · rsqrt(mean(x²) + eps)                 kind "unit" (the mHC router input)
+    y  = xn @ W
+
+The norm runs over the whole input, which may be a 2-D strided view [R, C] read as one vector
+of K = R·C values (the mHC lanes [n, d], possibly one row expanded n times: no copy launched).
+Every program re-reads the input for the mean: K is at most a few thousand floats, cheaper than
+a second launch.
+
+Two weight forms:
+  dense   W is float32 [K or K_pad, N], any strides (the model keeps [in, out] views of
+          [out, in] rows). With rotate=True, xn is zero-padded to K_pad (a multiple of 128) and
+          rotated per 128-group (the orthonormal Walsh-Hadamard transform of kernels/fwht.py)
+          before the product: the Cactus-Quants pre-rotation rows expanded to float32.
+  cq      W is the packed codes (kernels/cq_gemv.py's contract: LSB-first bitstreams, one
+          float16 norm per 128-group, a level table): always rotated, streamed code by code.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .cq_gemv import GROUP, cq_gemv_torch, _check as _check_cq
+from .fwht import fwht_torch
+
+KINDS = ("zc", "unit")
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:                        # pragma: no cover
+    triton = None
+
+
+class NormGemvError(ValueError):
+    """Inputs the fused norm + product cannot take (names the argument and the rule)."""
+
+
+def _as_rows(x):
+    if x.dim() == 1:
+        return x[None]
+    if x.dim() != 2:
+        raise NormGemvError(f"x must be [K] or [R, C], got {list(x.shape)}")
+    return x
+
+
+def _check_norm(x, gain, kind):
+    if kind not in KINDS:
+        raise NormGemvError(f"kind={kind!r} is not one of {KINDS}")
+    if x.dtype != torch.float32 or x.numel() == 0:
+        raise NormGemvError(f"x must be non-empty float32, got {x.dtype} {list(x.shape)}")
+    if kind == "zc" and (gain is None or gain.shape != (x.numel(),) or gain.dtype != x.dtype):
+        raise NormGemvError(f"kind 'zc' needs a float32 gain [{x.numel()}], got "
+                            f"{None if gain is None else (gain.dtype, list(gain.shape))}")
+
+
+def rms_norm_torch(x, gain, kind: str, eps: float = 1e-6):
+    """The model's two norms over all of x (flattened), in its op order."""
+    _check_norm(x, gain, kind)
+    v = x.reshape(-1)
+    ms = (v * v).mean(-1, keepdim=True) + eps
+    return (1.0 + gain) * v / torch.sqrt(ms) if kind == "zc" else v * torch.rsqrt(ms)
+
+
+def _rotated(xn, k_pad):
+    return fwht_torch(torch.nn.functional.pad(xn, (0, k_pad - xn.shape[0])))
+
+
+def norm_gemv_torch(x, gain, w_t, kind: str, rotate: bool = False, eps: float = 1e-6):
+    """-> y [N] = norm(x) @ w_t (dense float32 weight; see the module docstring)."""
+    xn = rms_norm_torch(x, gain, kind, eps)
+    _check_dense(xn.shape[0], w_t, rotate)
+    if rotate:
+        xn = _rotated(xn, w_t.shape[0])
+    return xn @ w_t
+
+
+def norm_cq_gemv_torch(x, gain, kind, packed, norms, levels, bits: int, eps: float = 1e-6):
+    """-> y [out] = codes(W) · rotate(pad(norm(x))) (cq_gemv's contract after the norm)."""
+    xn = rms_norm_torch(x, gain, kind, eps)
+    return cq_gemv_torch(packed, norms, levels, bits, _rotated(xn, _k_pad(xn.shape[0], packed,
+                                                                           bits)))
+
+
+def _k_pad(k, packed, bits):
+    k_pad = packed.shape[1] * 8 // bits if bits in (2, 3, 4) else -1
+    if k_pad < k or k_pad % GROUP:
+        raise NormGemvError(f"packed rows of {packed.shape[1]} bytes hold {k_pad} {bits}-bit "
+                            f"codes; need a multiple of {GROUP} >= K={k}")
+    return k_pad
+
+
+def _check_dense(k, w_t, rotate):
+    if w_t.dim() != 2 or w_t.dtype != torch.float32:
+        raise NormGemvError(f"w_t must be float32 [K, N], got {w_t.dtype} {list(w_t.shape)}")
+    want = -(-k // GROUP) * GROUP if rotate else k
+    if w_t.shape[0] != want:
+        raise NormGemvError(f"w_t has {w_t.shape[0]} rows; K={k} needs {want}"
+                            f"{' (padded to whole 128-groups for rotate)' if rotate else ''}")
+
+
+if triton is not None:
+    @triton.jit
+    def _load_flat(x_ptr, k, K, C, sx0, sx1):
+        return tl.load(x_ptr + (k // C) * sx0 + (k % C) * sx1, mask=k < K, other=0.0)
+
+    @triton.jit
+    def _normed(x_ptr, g_ptr, k, K, C, sx0, sx1, ms, KIND_ZC: tl.constexpr):
+        x = _load_flat(x_ptr, k, K, C, sx0, sx1)
+        if KIND_ZC:
+            g = tl.load(g_ptr + k, mask=k < K, other=0.0)
+            return (1.0 + g) * x / tl.sqrt(ms)
+        return x * (1.0 / tl.sqrt(ms))
+
+    @triton.jit
+    def _mean_square(x_ptr, K, C, sx0, sx1, eps, BLOCK_K: tl.constexpr):
+        ss = tl.zeros((BLOCK_K,), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x = _load_flat(x_ptr, k0 + tl.arange(0, BLOCK_K), K, C, sx0, sx1)
+            ss += x * x
+        return tl.sum(ss, 0) / K + eps
+
+    @triton.jit
+    def _rotate128(x, scale, G: tl.constexpr):
+        """The orthonormal Walsh-Hadamard transform of one 128-group held in registers."""
+        i = tl.arange(0, G)
+        p = i[:, None] & i[None, :]
+        p = p ^ (p >> 4)
+        p = p ^ (p >> 2)
+        p = p ^ (p >> 1)
+        sign = 1.0 - 2.0 * (p & 1).to(tl.float32)
+        return tl.sum(x[:, None] * sign, axis=0) * scale
+
+    @triton.jit
+    def _norm_gemv_kernel(x_ptr, g_ptr, w_ptr, y_ptr, K, C, sx0, sx1, KW, N, swk, swn, eps,
+                          scale, KIND_ZC: tl.constexpr, ROTATE: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        o = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        omask = o < N
+        ms = _mean_square(x_ptr, K, C, sx0, sx1, eps, BLOCK_K)
+        acc = tl.zeros((BLOCK_N,), tl.float32)
+        for k0 in range(0, KW, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            xn = _normed(x_ptr, g_ptr, k, K, C, sx0, sx1, ms, KIND_ZC)
+            if ROTATE:
+                xn = _rotate128(xn, scale, BLOCK_K)
+            w = tl.load(w_ptr + k[:, None] * swk + o[None, :] * swn,
+                        mask=(k[:, None] < KW) & omask[None, :], other=0.0)
+            acc += tl.sum(xn[:, None] * w, 0)
+        tl.store(y_ptr + o, acc, mask=omask)
+
+    @triton.jit
+    def _norm_cq_gemv_kernel(x_ptr, g_ptr, p_ptr, n_ptr, l_ptr, y_ptr, K, C, sx0, sx1, out,
+                             row_bytes, groups, eps, scale, KIND_ZC: tl.constexpr,
+                             BITS: tl.constexpr, BLOCK_R: tl.constexpr, G: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = r < out
+        ms = _mean_square(x_ptr, K, C, sx0, sx1, eps, G)
+        kk = tl.arange(0, G)
+        acc = tl.zeros((BLOCK_R,), tl.float32)
+        for g in range(0, groups):
+            xr = _rotate128(_normed(x_ptr, g_ptr, g * G + kk, K, C, sx0, sx1, ms, KIND_ZC),
+                            scale, G)
+            off = (g * G + kk) * BITS
+            byte, shift = off >> 3, off & 7
+            m2 = rmask[:, None] & (byte[None, :] + 1 < row_bytes)
+            lo = tl.load(p_ptr + r[:, None] * row_bytes + byte[None, :], mask=rmask[:, None],
+                         other=0).to(tl.int32)
+            hi = tl.load(p_ptr + r[:, None] * row_bytes + byte[None, :] + 1, mask=m2,
+                         other=0).to(tl.int32)
+            code = ((lo | (hi << 8)) >> shift[None, :]) & ((1 << BITS) - 1)
+            dot = tl.sum(tl.load(l_ptr + code) * xr[None, :], axis=1)
+            nrm = tl.load(n_ptr + r * groups + g, mask=rmask, other=0.0).to(tl.float32)
+            acc += nrm * dot
+        tl.store(y_ptr + r, acc, mask=rmask)
+
+
+def _need_triton():
+    if triton is None:
+        raise RuntimeError("Triton is not installed on this platform")
+
+
+def norm_gemv_triton(x, gain, w_t, kind: str, rotate: bool = False, eps: float = 1e-6,
+                     block_n: int = 32):
+    _need_triton()
+    _check_norm(x, gain, kind)
+    rows = _as_rows(x)
+    K = rows.numel()
+    _check_dense(K, w_t, rotate)
+    N = w_t.shape[1]
+    y = torch.empty(N, dtype=torch.float32, device=x.device)
+    _norm_gemv_kernel[(triton.cdiv(N, block_n),)](
+        rows, gain if gain is not None else rows, w_t, y, K, rows.shape[1], rows.stride(0),
+        rows.stride(1), w_t.shape[0], N, w_t.stride(0), w_t.stride(1), eps,
+        1.0 / math.sqrt(GROUP), KIND_ZC=kind == "zc", ROTATE=rotate, BLOCK_N=block_n,
+        BLOCK_K=GROUP)
+    return y
+
+
+def norm_cq_gemv_triton(x, gain, kind, packed, norms, levels, bits: int, eps: float = 1e-6,
+                        block_rows: int = 16):
+    _need_triton()
+    _check_norm(x, gain, kind)
+    rows = _as_rows(x)
+    k_pad = _k_pad(rows.numel(), packed, bits)
+    _check_cq(packed, norms, levels, bits, torch.empty(k_pad, device="meta"))
+    out = packed.shape[0]
+    y = torch.empty(out, dtype=torch.float32, device=x.device)
+    _norm_cq_gemv_kernel[(triton.cdiv(out, block_rows),)](
+        rows, gain if gain is not None else rows, packed.contiguous(), norms.contiguous(),
+        levels.to(torch.float32).contiguous(), y, rows.numel(), rows.shape[1], rows.stride(0),
+        rows.stride(1), out, packed.shape[1], k_pad // GROUP, eps, 1.0 / math.sqrt(GROUP),
+        KIND_ZC=kind == "zc", BITS=bits, BLOCK_R=block_rows, G=GROUP)
+    return y

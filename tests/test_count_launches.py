@@ -1,0 +1,48 @@
+"""tools/count_launches.py: what counts as a launch, the Triton launch hook, and the body count
+on the tiny preset (one sparse_attn launch per layer on the triton backend, none on torch)."""
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+import count_launches as cl                                          # noqa: E402
+import kernels.fwht as fwht                                           # noqa: E402
+from port.model import V2Model                                       # noqa: E402
+
+
+def test_views_and_allocations_launch_nothing():
+    for op in ("aten.view.default", "aten.expand.default", "aten.select.int",
+               "aten.slice.Tensor", "aten.empty.memory_format", "aten._unsafe_view.default"):
+        assert not cl.launches_op(op), op
+    for op in ("aten.mul.Tensor", "aten.logsumexp.default", "aten.copy_.default",
+               "aten.zeros.default", "aten.index_select.default"):
+        assert cl.launches_op(op), op
+
+
+@pytest.mark.skipif(fwht.triton is None, reason="no Triton")
+def test_triton_launches_are_recorded_not_run_and_the_hook_is_undone():
+    x, out = torch.randn(2, 128, generator=torch.Generator().manual_seed(0)), torch.zeros(2, 128)
+    launch = lambda: fwht._fwht_kernel[(2, 1)](x, out, 128, 1.0, G=128)
+    with cl.triton_launches() as seen:
+        launch()
+        fwht.fwht_triton(x)
+    assert seen == ["_fwht_kernel", "_fwht_kernel"]
+    assert torch.equal(out, torch.zeros(2, 128))    # recorded, not run
+    launch()                                         # the hook is undone: this one runs
+    assert out.abs().sum() > 0
+
+
+@pytest.mark.skipif(fwht.triton is None, reason="no Triton")
+def test_body_counts_on_tiny(tiny_cfg, tiny_params):
+    w = V2Model.from_params(tiny_params, tiny_cfg).w
+    counts = {b: cl.count_body(V2Model(tiny_cfg, w, "cpu", backend=b, decode="graph"))
+              for b in ("torch", "triton")}
+    L = tiny_cfg.num_layers
+    assert counts["triton"]["triton:_sparse_attn_kernel"] == L
+    assert not any(k.startswith("triton:") for k in counts["torch"])
+    assert counts["triton"]["aten.logsumexp.default"] == 2 * 20 * L    # the unfused Sinkhorn
+    again = cl.count_body(V2Model(tiny_cfg, w, "cpu", backend="triton", decode="graph"),
+                          token=200)
+    assert again == counts["triton"]                 # position- and token-independent

@@ -1,0 +1,121 @@
+"""norm_gemv: an RMS norm folded into the product next to it, for dense float32 weights (plain or
+Cactus-Quants pre-rotation rows) and for packed CQ codes. Twins and Triton kernels against
+float64, kernels against twins, and the twin's norms against the model's, bit for bit."""
+import math
+
+import pytest
+import torch
+
+from kernels.norm_gemv import (NormGemvError, norm_cq_gemv_torch, norm_cq_gemv_triton,
+                               norm_gemv_torch, norm_gemv_triton, rms_norm_torch, triton)
+from ladder.rules import KERNEL_RULES, rule_for
+from port.model import unit_rms, zc
+from tests.test_kernels_cq_gemv import pack_by_hand
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+needs_triton = pytest.mark.skipif(triton is None, reason="no Triton")
+
+
+def walsh128():
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < 128:
+        h = torch.kron(torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64), h)
+    return h / math.sqrt(128)
+
+
+def float64_input(x, gain, kind, k_pad=None):
+    """norm(x) in float64, zero-padded to k_pad and rotated per 128-group when k_pad is given."""
+    v = x.cpu().double().reshape(-1)
+    rms = torch.sqrt((v * v).mean() + 1e-6)
+    xn = (1 + gain.cpu().double()) * v / rms if kind == "zc" else v / rms
+    if k_pad is None:
+        return xn
+    xn = torch.cat([xn, torch.zeros(k_pad - xn.shape[0], dtype=torch.float64)])
+    return (xn.reshape(-1, 128) @ walsh128()).reshape(-1)
+
+
+def dense_case(shape, n_out, kind, rotate, seed, expand=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * 3
+    if expand:                                   # the first layer's lanes: one row, n times
+        x = x[:1].expand(*shape)
+    k = x.numel()
+    gain = 0.2 * torch.randn(k, generator=g) if kind == "zc" else None
+    k_w = -(-k // 128) * 128 if rotate else k
+    w = torch.randn(n_out, k_w, generator=g) / math.sqrt(k_w)     # rows [out, in] as held
+    to = lambda t: None if t is None else t.to(DEV)
+    return to(x), to(gain), to(w).t(), k_w
+
+
+DENSE = [((48,), 37, "zc", False, False), ((4, 48), 50, "unit", False, True),
+         ((200,), 20, "zc", True, False), ((4, 48), 24, "unit", True, True)]
+
+
+@pytest.mark.parametrize("name,impl", [("twin", norm_gemv_torch), pytest.param(
+    "triton", norm_gemv_triton, marks=needs_triton)])
+@pytest.mark.parametrize("shape,n_out,kind,rotate,expand", DENSE)
+def test_dense_against_float64(name, impl, shape, n_out, kind, rotate, expand):
+    x, gain, w_t, k_w = dense_case(shape, n_out, kind, rotate, seed=n_out, expand=expand)
+    got = impl(x, gain, w_t, kind, rotate)
+    assert got.device == x.device
+    want = float64_input(x, gain, kind, k_w if rotate else None) @ w_t.cpu().double()
+    assert rule_for(f"norm_gemv/{name}", KERNEL_RULES).check(got.cpu(), want)
+
+
+def cq_case(bits, k, out, kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    k_pad = -(-k // 128) * 128
+    codes = torch.randint(0, 1 << bits, (out, k_pad), generator=g)
+    norms = (torch.rand(out, k_pad // 128, generator=g) + 0.5).half()
+    levels = torch.randn(1 << bits, generator=g) * 0.1
+    x = torch.randn(k, generator=g)
+    gain = 0.2 * torch.randn(k, generator=g) if kind == "zc" else None
+    args = [x, gain, kind, pack_by_hand(codes, bits), norms, levels, bits]
+    return [a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args], codes
+
+
+@pytest.mark.parametrize("name,impl", [("twin", norm_cq_gemv_torch), pytest.param(
+    "triton", norm_cq_gemv_triton, marks=needs_triton)])
+@pytest.mark.parametrize("bits,kind", [(2, "zc"), (3, "unit"), (4, "zc")])
+def test_cq_against_float64(name, impl, bits, kind):
+    args, codes = cq_case(bits, 200, 37, kind, seed=bits)
+    x, gain, _, _, norms, levels, _ = args
+    got = impl(*args)
+    lev = levels.cpu().double()[codes].reshape(codes.shape[0], -1, 128)
+    xr = float64_input(x, gain, kind, codes.shape[1]).reshape(-1, 128)
+    want = (norms.cpu().double() * (lev * xr).sum(-1)).sum(-1)
+    assert got.device == x.device
+    assert rule_for(f"norm_gemv/{name}", KERNEL_RULES).check(got.cpu(), want)
+
+
+@needs_triton
+def test_triton_matches_twin():
+    x, gain, w_t, _ = dense_case((2, 150), 70, "zc", True, seed=11)   # 3 groups, 3 programs
+    assert rule_for("norm_gemv/triton_vs_twin", KERNEL_RULES).check(
+        norm_gemv_triton(x, gain, w_t, "zc", True).cpu(),
+        norm_gemv_torch(x, gain, w_t, "zc", True).cpu())
+    args, _ = cq_case(2, 300, 40, "unit", seed=12)
+    assert rule_for("norm_gemv/triton_vs_twin", KERNEL_RULES).check(
+        norm_cq_gemv_triton(*args).cpu(), norm_cq_gemv_torch(*args).cpu())
+
+
+def test_twin_norms_are_the_models_bit_for_bit():
+    g = torch.Generator().manual_seed(3)
+    x, gain, lanes = torch.randn(48, generator=g), torch.randn(48, generator=g), \
+        torch.randn(4, 48, generator=g)
+    assert torch.equal(rms_norm_torch(x, gain, "zc"), zc(x[None], gain)[0])
+    assert torch.equal(rms_norm_torch(lanes, None, "unit"), unit_rms(lanes.reshape(1, -1))[0])
+
+
+def test_bad_inputs_named():
+    x, gain, w_t, _ = dense_case((48,), 10, "zc", False, seed=0)
+    with pytest.raises(NormGemvError, match="kind='rms'"):
+        norm_gemv_torch(x, gain, w_t, "rms")
+    with pytest.raises(NormGemvError, match=r"kind 'zc' needs a float32 gain \[48\]"):
+        norm_gemv_torch(x, None, w_t, "zc")
+    with pytest.raises(NormGemvError, match="w_t has 48 rows; K=48 needs 128"):
+        norm_gemv_torch(x, gain, w_t, "zc", rotate=True)
+    args, _ = cq_case(2, 200, 5, "zc", seed=1)
+    args[3] = args[3][:, :16]                      # 64 codes: fewer than K=200
+    with pytest.raises(NormGemvError, match="hold 64 2-bit codes"):
+        norm_cq_gemv_torch(*args)

@@ -1,0 +1,152 @@
+"""Device launches per decode token of the graph body, counted on the CPU (issue 12).
+
+    python tools/count_launches.py [--preset shipped] [--backends torch triton]
+                                   [--weights dense cq] [--top 12] [--json OUT]
+
+For each backend and weight form it builds the model at the preset's geometry (seeded random
+weights, `init_params(cfg, 0, perturbed=True)`; "cq" through the .cact writer's quantiser with the
+shipped bits map), runs position 0 eagerly, then runs `DecodeGraph.body` for one token under
+`port.graph.record_body_ops` (the dispatch mode that also proves the body capturable) and counts:
+
+  * every aten op the dispatcher sees while the body runs, except ops that launch no kernel:
+    views (`OpOverload.is_view`: the schema returns an alias of an input) and `NO_KERNEL_OPS`
+    (uninitialised allocations, `_unsafe_view`, aliasing helpers). Each remaining op counts
+    as ONE launch. An aten op that runs several device kernels (e.g. `logsumexp` on CUDA:
+    max, sub, exp, sum, log, add) still counts once, and a cuBLAS call counts once, so the
+    aten part is a lower bound on what a GPU profiler would list;
+  * every Triton launch `kernel[grid](...)`, once per launch whatever the grid. The launch is
+    intercepted at `KernelInterface.__getitem__` (and the interpreter's override): it is
+    recorded and NOT executed, so shipped-size kernels cost nothing under TRITON_INTERPRET=1.
+    The kernel's outputs stay uninitialised; that cannot change the count because the body
+    has no data-dependent control flow (record_body_ops refuses host syncs). The torch ops a
+    launch wrapper issues around the kernel (padding, `.contiguous()`) are counted as aten ops.
+
+The total is "launches per token": one CUDA-graph replay of the body issues exactly these
+launches. The op sequence is position-independent (tests/test_graph.py), so one token suffices.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+os.environ.setdefault("TRITON_INTERPRET", "1")                    # before any triton.jit runs
+from port.graph import DecodeGraph, record_body_ops              # noqa: E402
+from port.model import V2Model                                   # noqa: E402
+from reference.config import V2Config                            # noqa: E402
+from reference.params import init_params                         # noqa: E402
+
+# Ops that allocate without writing or only relabel memory: no device kernel.
+NO_KERNEL_OPS = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+    "_unsafe_view", "alias", "detach", "lift_fresh", "_reshape_alias", "set_",
+})
+ISSUE_BASELINE = 5344             # issue 12: triton graph body, shipped, before any fusion
+
+
+def _overload(qualified: str):
+    """'aten.mul.Tensor' -> torch.ops.aten.mul.Tensor (None if it does not resolve)."""
+    ns, name, overload = (qualified.split(".") + ["default"])[:3]
+    try:
+        return getattr(getattr(getattr(torch.ops, ns), name), overload)
+    except AttributeError:
+        return None
+
+
+def launches_op(qualified: str) -> bool:
+    """Does this recorded aten op launch a device kernel (see the module docstring)?"""
+    name = qualified.split(".")[1] if "." in qualified else qualified
+    if name in NO_KERNEL_OPS:
+        return False
+    op = _overload(qualified)
+    return not (op is not None and getattr(op, "is_view", False))
+
+
+@contextlib.contextmanager
+def triton_launches():
+    """Record every Triton launch (kernel name) instead of running it; yields the list."""
+    import triton.runtime.jit as jit
+    classes = [jit.KernelInterface]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        classes.append(InterpretedFunction)
+    except ImportError:                                          # pragma: no cover
+        pass
+    seen, saved = [], {c: c.__dict__.get("__getitem__") for c in classes}
+
+    def launcher(self, grid):
+        fn = getattr(self, "fn", self)
+        seen.append(getattr(fn, "__name__", repr(fn)))
+        return lambda *args, **kwargs: None
+    for c in classes:
+        c.__getitem__ = launcher
+    try:
+        yield seen
+    finally:
+        for c, old in saved.items():
+            if old is None:
+                del c.__getitem__
+            else:
+                c.__getitem__ = old
+
+
+def count_body(model: V2Model, token: int = 17) -> collections.Counter:
+    """Launches of one graph-body token, by op (aten name, or 'triton:<kernel>')."""
+    state = model.make_state()
+    model.step(3, state)                       # position 0 is a prefill: eager, not counted
+    graph = DecodeGraph(model, state)
+    with triton_launches() as kernels:
+        ops = record_body_ops(graph, token)
+    counts = collections.Counter(op for op, _, _ in ops if launches_op(op))
+    counts.update(f"triton:{k}" for k in kernels)
+    return counts
+
+
+def build(cfg, params, backend: str, weights: str) -> V2Model:
+    return V2Model.from_params(params, cfg, weights=weights, backend=backend, decode="graph")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="shipped")
+    ap.add_argument("--backends", nargs="+", default=["torch", "triton"],
+                    choices=["torch", "triton"])
+    ap.add_argument("--weights", nargs="+", default=["dense", "cq"], choices=["dense", "cq"])
+    ap.add_argument("--top", type=int, default=12, help="ops listed per configuration")
+    ap.add_argument("--json", help="also write the counts here")
+    a = ap.parse_args(argv)
+    try:
+        cfg = V2Config.preset(a.preset)
+    except (KeyError, ValueError) as e:
+        print(f"count_launches: unknown preset {a.preset!r} ({e})", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    params = init_params(cfg, 0, perturbed=True)
+    report = {"preset": a.preset, "layers": cfg.num_layers, "configs": {}}
+    print(f"device launches per decode token, graph body, preset {a.preset} "
+          f"({cfg.num_layers} layers); issue-12 baseline {ISSUE_BASELINE}")
+    for weights in a.weights:
+        for backend in a.backends:
+            counts = count_body(build(cfg, params, backend, weights))
+            total = sum(counts.values())
+            triton_n = sum(v for k, v in counts.items() if k.startswith("triton:"))
+            report["configs"][f"{backend}:{weights}"] = {"total": total, "triton": triton_n,
+                                                         "by_op": dict(counts.most_common())}
+            print(f"\n{backend}:{weights}: {total} launches per token "
+                  f"({total / cfg.num_layers:.0f} per layer; {triton_n} Triton)")
+            for op, n in counts.most_common(a.top):
+                print(f"  {n:6d}  {op}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
