@@ -122,7 +122,7 @@ def test_a_cact_given_to_params_says_use_cact(tmp_path, capsys):
 
 def test_no_c_compiler_names_the_torch_backend(monkeypatch, capsys):
     import kernels.native as native
-    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_libs", {})     # no library loaded yet: build anew
     monkeypatch.setenv("CC", "/nonexistent/cc")
     rc, text = run("run", "--backend", "native")
     err = capsys.readouterr().err
