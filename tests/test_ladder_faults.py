@@ -158,3 +158,15 @@ def test_triton_faults_on_a_short_schedule(name):
         loc = locate(compare_ladders(bad, ref), port=bad, ref=ref, model=model)
     assert (loc.point, loc.position) == (point, pos), str(loc)
     assert {r.point: r for r in loc.injection}[point].own, str(loc)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, f in FAULTS.items() if f.weights == "dense"))
+def test_faults_reach_the_graph_body(name):
+    # decode="graph": the capture proves the graph body's plain steps give the traced eager
+    # steps' logits bit for bit, so a fault planted in one path only stops it (TraceError).
+    cfg, params, _, tokens, prompt = setup()
+    model = V2Model.from_params(params, cfg, decode="graph")
+    with planted(name):
+        bad = capture_port(model, tokens, prompt, check_plain=True)
+    point, _ = FAULTS[name].touches(cfg)
+    assert first_bit_difference(bad, _clean("dense", "torch"))[1] == point
