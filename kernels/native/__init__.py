@@ -18,9 +18,9 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
-import re
 import tempfile
 from contextlib import contextmanager
 
