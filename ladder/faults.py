@@ -3,7 +3,8 @@
 
 Every backend the project ships gets the fault in its own code:
 - torch and triton (they share V2Model's Python layer; triton swaps only the attention
-  kernel), eager or decode="graph" (the graph body runs the same `_layer`): a context manager monkeypatches port internals (module globals, V2Model methods)
+  kernel), eager or decode="graph" (the graph body runs the same `_layer`): a context
+  manager monkeypatches port internals (module globals, V2Model and AttnRuntime methods)
   and restores them on exit; nothing under port/ is edited. Where a bug lives inside the body
   of `V2Model._layer` or `_attention`, the fault recompiles that method from its own source
   with one line changed (a mutation): if the port's source moves on, the fault refuses with

@@ -136,7 +136,8 @@ def test_every_native_switch_is_in_the_c_source():
     # A switch the C source never tests would build a clean library: "nothing planted".
     import os
     from kernels import native
-    src = open(os.path.join(os.path.dirname(native.__file__), "needle_step.c")).read()
+    src = "".join(open(os.path.join(os.path.dirname(native.__file__), f)).read()
+                  for f in ("needle_step.c", "faults.h"))
     for f in FAULTS.values():
         if f.native.startswith("NEEDLE_FAULT_"):
             assert f"#ifdef {f.native}\n" in src, f.name
