@@ -3,7 +3,8 @@
 
 Every backend the project ships gets the fault in its own code:
 - torch and triton (they share V2Model's Python layer; triton swaps only the attention
-  kernel): a context manager monkeypatches port internals (module globals, V2Model methods)
+  kernel), eager or decode="graph" (the graph body runs the same `_layer`): a context
+  manager monkeypatches port internals (module globals, V2Model and AttnRuntime methods)
   and restores them on exit; nothing under port/ is edited. Where a bug lives inside the body
   of `V2Model._layer` or `_attention`, the fault recompiles that method from its own source
   with one line changed (a mutation): if the port's source moves on, the fault refuses with
@@ -115,31 +116,36 @@ def sinkhorn_iters(iters: int = 19):
 
 def rope_shift(layer: int = 3, shift: int = 1):
     """RoPE applied at pos+shift in one layer (q and k both)."""
+    import torch
     orig = V2Model._layer
 
-    def _layer(self, i, X, eng, state, pos0, cos, sin, trace=None):
+    def _layer(self, i, X, eng, state, pos0, cos, sin, trace=None, attention=None):
         if i == layer:
-            m, L = X.shape[0], self.w["cos"].shape[0]
-            idx = [(pos0 + r + shift) % L for r in range(m)]
-            cos, sin = self.w["cos"][idx, None, :], self.w["sin"][idx, None, :]
-        return orig(self, i, X, eng, state, pos0, cos, sin, trace)
+            L = self.w["cos"].shape[0]
+            if attention is None:
+                idx = torch.tensor([(pos0 + r + shift) % L for r in range(X.shape[0])],
+                                   device=self.device)
+            else:           # the graph body: the position is in the runtime's device buffer
+                idx = (state.attn_runtime(self).pos + shift) % L
+            cos = self.w["cos"].index_select(0, idx)[:, None, :]
+            sin = self.w["sin"].index_select(0, idx)[:, None, :]
+        return orig(self, i, X, eng, state, pos0, cos, sin, trace, attention)
     return _patched(V2Model, "_layer", _layer)
 
 
-def window_off_by_one(delta: int = -1):
-    """Attend to kv_window+delta positions (delta=-1: the oldest key of a full window lost)."""
-    orig = V2Model._attend
+def window_off_by_one(short: int = 1):
+    """The oldest `short` keys of a full window left out of the attention's selection (what
+    the kernel is handed), in the eager forward and the graph's decode_prep alike."""
+    from port.attn import AttnRuntime
+    orig = AttnRuntime.selection
 
-    def _attend(self, i, q, k, v, state, pos):
-        w = state.window
-        if not w or w + delta < 1:
-            return orig(self, i, q, k, v, state, pos)
-        state.window = w + delta
-        try:
-            return orig(self, i, q, k, v, state, pos)
-        finally:
-            state.window = w
-    return _patched(V2Model, "_attend", _attend)
+    def selection(self, pos):
+        sel = orig(self, pos)
+        if self.state.window > short:
+            sel = sel.clone()
+            sel[:short] = -1
+        return sel
+    return _patched(AttnRuntime, "selection", selection)
 
 
 def hash_seed(xor: int = 1):

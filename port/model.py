@@ -404,9 +404,10 @@ class V2Model:
         """Injection: run only layer `i` at position `pos` (already stepped into `state`) on the
         given lanes [n, d], with `engram` = [(k [d], v [d]) per site] (default: recomputed
         from the state's tokens). Runs the implementation under test: the C layer for
-        backend="native" (port/native.py run_layer), else this class's `_layer` (whose
-        attention goes through the backend's kernel). Overwrites that layer's K/V at `pos`:
-        pass `state.clone()`. Returns the lanes after the layer."""
+        backend="native" (port/native.py run_layer), the graph body's layer (attention from
+        the runtime's static buffers, `decode_body`) where decode="graph" steps run it, else
+        this class's `_layer` (whose attention goes through the backend's kernel). Overwrites
+        that layer's K/V at `pos`: pass `state.clone()`. Returns the lanes after the layer."""
         if not 0 <= i < self.cfg.num_layers or not 0 <= pos < state.pos:
             raise StepError(f"layer {i} / position {pos} outside 0..{self.cfg.num_layers - 1}"
                             f" / 0..{state.pos - 1}")
@@ -417,6 +418,14 @@ class V2Model:
             engram = self._engram(state.clone(), pos, 1, None)
         eng = [(k.reshape(1, -1), v.reshape(1, -1)) for k, v in engram]
         X = lanes.reshape(1, self.cfg.mhc_lanes, self.cfg.d_model).to(state.k)
+        if self.decode == "graph" and pos and state.window and not state.pad_aware:
+            rt = state.attn_runtime(self)         # as DecodeGraph.body runs a layer
+            rt.invalidate_decode_uploads()
+            rt.decode_prep(i, pos)
+            cos = self.w["cos"].index_select(0, rt.pos)[:, None, :]
+            sin = self.w["sin"].index_select(0, rt.pos)[:, None, :]
+            return self._layer(i, X, eng, state, 0, cos, sin, trace,
+                               attention=rt.decode_body)[0]
         cos, sin = self.w["cos"][pos:pos + 1, None, :], self.w["sin"][pos:pos + 1, None, :]
         return self._layer(i, X, eng, state, pos, cos, sin, trace)[0]
 

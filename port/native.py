@@ -214,15 +214,15 @@ def run_layer(model, nm: NativeModel, i: int, lanes, state, pos: int, engram, tr
     b.s.window = state.window
     _host_rows(nm, b, state, pos, 1)
     X = lanes.detach().reshape(cfg.mhc_lanes, cfg.d_model).to(torch.float32).clone()
-    ek = ev = None
+    ek = ev = None                       # None: nat_layer computes them
     if engram is not None:
         if len(engram) != cfg.num_sites:
-            raise ValueError(f"engram holds {len(engram)} sites; the model has "
-                             f"{cfg.num_sites}")
-        ek = torch.stack([k.reshape(cfg.d_model) for k, _ in engram]).float().contiguous() \
-            if engram else torch.zeros(1, cfg.d_model)
-        ev = torch.stack([v.reshape(cfg.d_model) for _, v in engram]).float().contiguous() \
-            if engram else torch.zeros(1, cfg.d_model)
+            from .model import StepError
+            raise StepError(f"engram holds {len(engram)} sites; the model has "
+                            f"{cfg.num_sites}")
+        rows = lambda j: torch.stack([kv[j].reshape(cfg.d_model).float() for kv in engram]
+                                     or [torch.zeros(cfg.d_model)]).contiguous()
+        ek, ev = rows(0), rows(1)
     caps, caps_arr = _capture_buffers(nm) if trace else (None, None)
     rc = nm.lib.nat_layer(ctypes.byref(nm.m), ctypes.byref(b.s), i, pos, ptr(X),
                           ptr(ek) if ek is not None else None,

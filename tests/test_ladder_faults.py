@@ -136,7 +136,8 @@ def test_every_native_switch_is_in_the_c_source():
     # A switch the C source never tests would build a clean library: "nothing planted".
     import os
     from kernels import native
-    src = open(os.path.join(os.path.dirname(native.__file__), "needle_step.c")).read()
+    src = "".join(open(os.path.join(os.path.dirname(native.__file__), f)).read()
+                  for f in ("needle_step.c", "faults.h"))
     for f in FAULTS.values():
         if f.native.startswith("NEEDLE_FAULT_"):
             assert f"#ifdef {f.native}\n" in src, f.name
@@ -158,3 +159,15 @@ def test_triton_faults_on_a_short_schedule(name):
         loc = locate(compare_ladders(bad, ref), port=bad, ref=ref, model=model)
     assert (loc.point, loc.position) == (point, pos), str(loc)
     assert {r.point: r for r in loc.injection}[point].own, str(loc)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, f in FAULTS.items() if f.weights == "dense"))
+def test_faults_reach_the_graph_body(name):
+    # decode="graph": the capture proves the graph body's plain steps give the traced eager
+    # steps' logits bit for bit, so a fault planted in one path only stops it (TraceError).
+    cfg, params, _, tokens, prompt = setup()
+    model = V2Model.from_params(params, cfg, decode="graph")
+    with planted(name):
+        bad = capture_port(model, tokens, prompt, check_plain=True)
+    point, _ = FAULTS[name].touches(cfg)
+    assert first_bit_difference(bad, _clean("dense", "torch"))[1] == point

@@ -104,3 +104,38 @@ def test_list_faults_and_unplantable_faults(capsys):
         assert main(["run", *argv], out=lambda s: None) == 2
         err = capsys.readouterr().err
         assert msg in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_graph_step_layer_runs_the_graph_body_layer(tiny_cfg, tiny_params, monkeypatch):
+    # decode="graph": the re-run goes through the runtime's decode_body, as the graph does,
+    # with the same bits as the eager layer; a bug only in decode_body moves it.
+    from port.attn import AttnRuntime
+    eager = V2Model.from_params(tiny_params, tiny_cfg)
+    graph = V2Model.from_params(tiny_params, tiny_cfg, decode="graph")
+    state = eager.make_state()
+    for t in (5, 9, 11, 4, 7, 3, 8, 2, 6, 1):                 # past the window of 8
+        eager.step(t, state)
+    lanes = torch.randn(tiny_cfg.mhc_lanes, tiny_cfg.d_model,
+                        generator=torch.Generator().manual_seed(1))
+    run = lambda m, pos: m.step_layer(2, lanes, state.clone(), pos)
+    assert torch.equal(run(graph, 9), run(eager, 9))
+    body = AttnRuntime.decode_body
+    monkeypatch.setattr(AttnRuntime, "decode_body",
+                        lambda self, *a: (*body(self, *a)[:5], 2 * body(self, *a)[5]))
+    assert not torch.equal(run(graph, 9), run(eager, 9))
+    assert torch.equal(run(graph, 0), run(eager, 0))          # position 0: a prefill, eager
+
+
+def test_native_step_layer_refuses_bad_requests(tiny_cfg, tiny_params):
+    from port.model import StepError
+    model = V2Model.from_params(tiny_params, tiny_cfg, backend="native")
+    state = model.make_state()
+    for t in (5, 9):
+        model.step(t, state)
+    before = state.k.clone()
+    lanes = torch.zeros(tiny_cfg.mhc_lanes, tiny_cfg.d_model)
+    with pytest.raises(StepError, match="engram holds 1 sites; the model has 2"):
+        model.step_layer(0, lanes, state, 1, engram=[(lanes[0], lanes[0])])
+    with pytest.raises(StepError, match="position 2 outside .* 0..1"):
+        model.step_layer(0, lanes, state, 2)
+    assert torch.equal(state.k, before)

@@ -18,9 +18,9 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
-import re
 import tempfile
 from contextlib import contextmanager
 
@@ -28,7 +28,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, f) for f in ("needle_step.c", "dots.c", "cq_packed.c")]
-HEADER = os.path.join(HERE, "native.h")
+HEADERS = [os.path.join(HERE, f) for f in ("native.h", "captures.h", "faults.h")]
 # $NEEDLE_NATIVE_MARCH overrides -march (e.g. x86-64: no AVX, the scalar paths), which is
 # how tests/test_native.py checks that the vector width changes no bit.
 MARCH = os.environ.get("NEEDLE_NATIVE_MARCH", "native")
@@ -127,7 +127,7 @@ def build(defines: tuple = ()) -> str:
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeUnavailable(f"C compiler {cc!r} does not run: {e}") from e
     src = b""
-    for path in SOURCES + [HEADER]:
+    for path in SOURCES + HEADERS:
         try:
             with open(path, "rb") as f:
                 src += f.read()

@@ -17,6 +17,8 @@
 #include <string.h>
 
 #include "native.h"
+#include "captures.h"
+#include "faults.h"
 
 /* ---- small helpers ---- */
 
@@ -123,21 +125,6 @@ static void cap_put(float **cap, int idx, int64_t layer, const float *v, int64_t
     if (cap && cap[idx]) memcpy(cap[idx] + layer * cnt, v, (size_t)cnt * sizeof(float));
 }
 
-/* The ladder points the step captures, in the order of the caller's `cap` array: one
-   table for the enum and the exported names, which kernels/native/__init__.py checks against
-   its own list when it loads the library. */
-#define NAT_CAPTURES(F) \
-    F(NX, "nx") F(HPRE, "hpre") F(U, "u") F(ALPHA, "alpha") F(BX, "bx") F(H, "h_in") \
-    F(Q, "q") F(K, "k") F(V, "v") F(ATTN, "attn") F(GATE, "gate") F(AOUT, "attn_out") \
-    F(APOST, "attn_post") F(MI, "mlp_in") F(MO, "mlp_out") F(BLOCK, "block_out") F(Y, "y") \
-    F(HPOST, "hpost") F(RES, "res_logits") F(HRES, "hres") F(X, "x") F(MEAN, "lane_mean") \
-    F(EMBED, "embed") F(EK, "engram_k") F(EV, "engram_v")
-
-#define NAT_ENUM(e, s) C_##e,
-#define NAT_NAME(e, s) s,
-enum { NAT_CAPTURES(NAT_ENUM) C_COUNT };
-static const char *const capture_names[] = {NAT_CAPTURES(NAT_NAME)};
-
 int64_t nat_capture_count(void) { return C_COUNT; }
 const char *nat_capture_name(int64_t i) { return i >= 0 && i < C_COUNT ? capture_names[i] : 0; }
 
@@ -147,25 +134,6 @@ int64_t nat_struct_size(int64_t which)
     return which == 0 ? (int64_t)sizeof(NModel) : which == 1 ? (int64_t)sizeof(NState)
          : which == 2 ? (int64_t)sizeof(CqMat) : -1;
 }
-
-/* Planted faults (ladder/faults.py): each -DNEEDLE_FAULT_... switch builds its own library
-   with one known bug, so the harness can prove it locates bugs in this file. A normal build
-   defines none of them. */
-#ifdef NEEDLE_FAULT_HPOST_ONE
-#define HPOST_SCALE 1.0f
-#else
-#define HPOST_SCALE 2.0f
-#endif
-#ifdef NEEDLE_FAULT_SINKHORN_19
-#define SINKHORN_SHORT 1
-#else
-#define SINKHORN_SHORT 0
-#endif
-#ifdef NEEDLE_FAULT_WINDOW_SHORT
-#define WINDOW_SHORT 1
-#else
-#define WINDOW_SHORT 0
-#endif
 
 /* Attention of one row at position `pos`: norms and RoPE, the ring write, then softmax over
    the window in position order (oldest first), skipping keys marked absent. */
