@@ -51,3 +51,27 @@ def test_graph_decode_prints_its_verdict():
     assert "decode graph: graph step (body run eagerly on CPU) == traced eager step" in text
     rc, text = run("run", "--decode", "graph", "--steps", "1", "--no-check-plain")
     assert "decode graph: NOT checked against the eager step (--no-check-plain)" in text
+
+
+def test_locate_and_report_name_what_ran(tmp_path):
+    rc, text = run("locate", "--no-check-plain", "--steps", "1")
+    assert rc == 0 and "port: backend torch, decode eager, weights dense, device cpu, " in text
+    rc, text = run("report", "--no-check-plain", "--steps", "1", "--out", str(tmp_path),
+                   "--plot", "svg")
+    assert rc == 0, text
+    md = (tmp_path / "ladder.md").read_text()
+    assert "- port: backend torch, decode eager, weights dense, device cpu, " in md
+    assert "- port state: make_state(): ring 8, window 8" in md
+
+
+def test_native_header_names_the_c_threads():
+    from kernels import native
+    if not native.available():
+        pytest.fail("the native step did not build (the suite needs a C compiler)")
+    try:
+        native.set_threads(2)
+        rc, text = run("run", "--backend", "native", "--steps", "1", "--no-check-plain")
+    finally:
+        native.set_threads(1)
+    assert rc == 0, text
+    assert "port: backend native, decode eager, weights dense, device cpu, 2 C threads" in text
