@@ -83,8 +83,8 @@ class Location:
         if self.layers:
             out.append(f"  every layer's output x at position {self.position}: "
                        f"propagated / local err of allowance")
-            out.append("    " + "  ".join(f"{r.point[:3]} {r.propagated:.2g}/{r.local:.2g}"
-                                          for r in self.layers))
+            out.append("    " + "  ".join(f"{r.point[:3]} {error_text(r.propagated)}/"
+                                          f"{error_text(r.local)}" for r in self.layers))
         if self.verdict:
             out.append(f"  verdict: {self.verdict}")
         return "\n".join(out)

@@ -75,3 +75,15 @@ def test_native_header_names_the_c_threads():
         native.set_threads(1)
     assert rc == 0, text
     assert "port: backend native, decode eager, weights dense, device cpu, 2 C threads" in text
+
+
+def test_a_windowless_config_runs_on_the_full_causal_state(tmp_path):
+    from reference.config import V2Config
+    from reference.params import init_params, save_params
+    cfg = V2Config.preset("tiny").replace(kv_window=0)
+    save_params(tmp_path / "p.safetensors", init_params(cfg, 0, perturbed=True), cfg)
+    rc, text = run("run", "--params", str(tmp_path / "p.safetensors"), "--steps", "1",
+                   "--no-check-plain", "--decode", "graph")
+    assert rc == 0, text
+    assert f"port state: make_state_full_causal(): ring {cfg.max_seq_len}, window 0" in text
+    assert "decode graph: not exercised: make_state() is full causal" in text
