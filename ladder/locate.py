@@ -60,9 +60,10 @@ class Location:
                + (f", layer {f.layer})" if f.layer is not None else ")"),
                f"  {f}"]
         if self.coarse is not None and self.coarse.key != f.key:
+            at = "" if self.coarse.first_bad_pos is None else \
+                f" at position {self.coarse.first_bad_pos}"
             out.append(f"  coarse ladder first fails at {self.coarse.key} "
-                       f"(err {error_text(self.coarse.first_bad_error)} of allowance at "
-                       f"position {self.coarse.first_bad_pos})")
+                       f"(err {error_text(self.coarse.first_bad_error)} of allowance{at})")
         if self.bisection:
             out.append(f"  inside L{f.layer:02d} at {f.step}, forward order, err of allowance "
                        f"at position {self.position}:")

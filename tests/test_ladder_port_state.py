@@ -24,14 +24,14 @@ def make_state_one_too_wide(monkeypatch):
 
 
 def test_a_make_state_window_bug_fails_the_run(make_state_one_too_wide):
-    rc, text = run("run", "--no-check-plain")
+    rc, text = run("run", "--no-check-plain", "--steps", "4")    # 10 positions: past w = 8
     assert rc == 1, text
     assert "port state: make_state(): ring 9, window 9" in text
     assert "first divergence: " in text and "DIVERGENCE" in text
 
 
 def test_window_override_is_said_and_replaces_make_state(make_state_one_too_wide):
-    rc, text = run("run", "--no-check-plain", "--window", "8")
+    rc, text = run("run", "--no-check-plain", "--steps", "4", "--window", "8")
     assert rc == 0, text
     assert "port state: window 8 (overrides make_state()'s window 9; ring 9)" in text
 
