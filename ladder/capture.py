@@ -48,7 +48,9 @@ def capture_reference(params, cfg, tokens, prompt_len: int, *, window=None, keep
 def capture_port(model, tokens, prompt_len: int, *, window=None, keep=None,
                  check_plain: bool = False, progress=None, label="port") -> Ladder:
     """The port one position at a time through `step_traced` (prefill positions too, so each
-    is captured); with check_plain, the same tokens through `prefill_batch` and `step`."""
+    is captured); with check_plain, the same tokens through `prefill_batch` and `step`. Both
+    run on `model.make_state()`, the state users get; `window` narrows its attention window
+    (an explicit override, e.g. `--window`), None keeps make_state()'s."""
     from port.batch import V2Batch
     if model.backend == "native":
         from kernels import native

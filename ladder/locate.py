@@ -66,9 +66,10 @@ class Location:
                + (f", layer {f.layer})" if f.layer is not None else ")"),
                f"  {f}"]
         if self.coarse is not None and self.coarse.key != f.key:
+            at = "" if self.coarse.first_bad_pos is None else \
+                f" at position {self.coarse.first_bad_pos}"
             out.append(f"  coarse ladder first fails at {self.coarse.key} "
-                       f"(err {error_text(self.coarse.first_bad_error)} of allowance at "
-                       f"position {self.coarse.first_bad_pos})")
+                       f"(err {error_text(self.coarse.first_bad_error)} of allowance{at})")
         if self.bisection:
             out.append(f"  inside L{f.layer:02d} at {f.step}, forward order, err of allowance "
                        f"at position {self.position}:")
@@ -89,8 +90,8 @@ class Location:
         if self.layers:
             title = self.layers_title or f"every layer's output x at position {self.position}"
             out.append(f"  {title}: propagated / local err of allowance")
-            out.append("    " + "  ".join(f"{r.point[:3]} {r.propagated:.2g}/{r.local:.2g}"
-                                          for r in self.layers))
+            out.append("    " + "  ".join(f"{r.point[:3]} {error_text(r.propagated)}/"
+                                          f"{error_text(r.local)}" for r in self.layers))
         if self.verdict:
             out.append(f"  verdict: {self.verdict}")
         return "\n".join(out)

@@ -44,8 +44,10 @@ def thread_count(model) -> str:
     if getattr(model, "backend", "torch") == "native":
         import ctypes
         from kernels.native import lib
-        return f"{ctypes.c_int.in_dll(lib(), 'nat_threads').value} C threads"
-    return f"{torch.get_num_threads()} torch threads"
+        n, who = ctypes.c_int.in_dll(lib(), "nat_threads").value, "C"
+    else:
+        n, who = torch.get_num_threads(), "torch"
+    return f"{n} {who} thread{'' if n == 1 else 's'}"
 
 
 def port_state_window(model, override):

@@ -16,7 +16,7 @@ from .compare import Comparison
 
 COLUMNS = ["step", "point", "layer", "coarse", "shape", "error", "passed", "first_fail",
            "max_abs", "max_rel", "ulp", "cosine", "one_minus_cos", "sqnr_db", "mismatch",
-           "nan_a", "nan_b", "inf_a", "inf_b", "rule", "rtol", "atol", "scale", "stat",
+           "nan_a", "nan_b", "inf_a", "inf_b", "rule", "rtol", "atol", "floor", "scale", "stat",
            "growth", "worst_pos", "first_bad_pos", "note"]
 
 # What `python -m ladder run` prints; the CSV/HTML keep every column.
@@ -46,6 +46,7 @@ def frame(cmp: Comparison) -> pd.DataFrame:
             one_minus_cos=1.0 - r.cosine,
             sqnr_db=r.sqnr_db, mismatch=r.mismatch, nan_a=r.nan_a, nan_b=r.nan_b,
             inf_a=r.inf_a, inf_b=r.inf_b, rule=r.pattern, rtol=r.rule.rtol, atol=r.rule.atol,
+            floor=r.rule.floor,
             scale=r.rule.scale, stat=r.rule.stat, growth=growth, worst_pos=r.worst_pos,
             first_bad_pos=-1 if r.first_bad_pos is None else r.first_bad_pos, note=r.note))
     return pd.DataFrame(recs, columns=COLUMNS)
