@@ -44,8 +44,8 @@ def _input_errors() -> tuple:
     from reference.params import ParamsError
     errs = [LadderInputError, ConfigError, ParamsError, DecodeInputError, StepError,
             StateError, RulesError, CompareError, fixtures.FixtureError, OSError]
-    for mod, name in (("ladder.v41", "V41FixtureError"), ("port.attn_v41", "AttnV41Error"),
-                      ("reference.attn_v41", "AttnV41Error")):
+    for mod, name in (("ladder.v41", "V41FixtureError"), ("port.v41.attn", "AttnV41Error"),
+                      ("reference.v41.attn", "AttnV41Error")):
         try:
             errs.append(getattr(__import__(mod, fromlist=[name]), name))
         except (ImportError, AttributeError):

@@ -44,8 +44,8 @@ def refuse_other_options(args, argv, defaults) -> None:
 def compare_run(args, out=print):
     """Everything run / locate / report share: (port-vs-reference Comparison, reference-vs-
     official Comparison, context for locate, info for the report)."""
-    from port.attn_v41 import AttnV41 as Port
-    from reference.attn_v41 import AttnV41 as Ref
+    from port.v41.attn import AttnV41 as Port
+    from reference.v41.attn import AttnV41 as Ref
     torch.set_num_threads(1)       # tiny tensors: a second thread only adds contention
     t0 = time.perf_counter()
     rules = load_rules(args.rules) if args.rules else V41_RULESET

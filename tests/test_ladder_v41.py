@@ -111,7 +111,7 @@ def test_locate_finds_a_fault_planted_in_the_compressor(monkeypatch):
     locate names the first call where layer 2 completes a group, layer 2, point latent, and
     blames layer 2 (it still fails when re-run from the reference's state); layer 3, which
     only reads the cache layer 2 published, passes from the reference's state (inherited)."""
-    import port.attn_v41_compress as C
+    import port.v41.compress as C
     monkeypatch.setattr(C, "_softmax_pool",
                         lambda kv, gate: (kv * torch.softmax(gate, dim=1).flip(1)).sum(dim=1))
     call, _ = _first_recorded("latent", layers=[2])      # the ratio-2 kv source
@@ -131,7 +131,7 @@ def test_locate_finds_a_fault_planted_in_the_indexer(monkeypatch):
     """The port's index query is doubled before its e8m0 fp4 round trip: the first index
     source to score (the first (call, layer) recording an index query) fails at index_q and
     is blamed."""
-    import port.attn_v41_compress as C
+    import port.v41.compress as C
     rt = C.fp4_e8m0_rt
     monkeypatch.setattr(C, "fp4_e8m0_rt", lambda x, *a: rt(x * 2, *a) if x.dim() == 3
                         else rt(x, *a))
