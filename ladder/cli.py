@@ -286,7 +286,13 @@ def _same_bytes(a, b) -> bool:
 
 
 def cmd_rules(args, out=print) -> int:
-    rs = load_rules(args.rules) if args.rules else DEFAULT_RULES
+    if args.rules:
+        rs = load_rules(args.rules)
+    elif args.model == "attn_v41":
+        from .rules import V41_RULESET
+        rs = V41_RULESET
+    else:
+        rs = DEFAULT_RULES
     out(dump_rules(rs, args.format).rstrip("\n"))
     return 0
 
@@ -352,6 +358,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rules", help="print the tolerance rules (default or --rules FILE)")
     p.add_argument("--rules")
     p.add_argument("--format", default="toml", choices=["toml", "json"])
+    p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
+                   help="whose default rules to print (attn_v41: V41_RULES)")
     return ap
 
 

@@ -179,3 +179,15 @@ def test_exact_rule_kind(tmp_path):
     path.write_text(dump_rules(V41_RULESET))
     assert "exact = true" in path.read_text()
     assert load_rules(str(path)).rules == V41_RULESET.rules
+
+
+def test_rules_command_prints_the_v41_rules(tmp_path):
+    """`ladder rules --model attn_v41` prints V41_RULES as a file --rules reads back unchanged
+    (a starting point for a V4.1 rules file); the default is still needle v2's."""
+    from ladder.rules import DEFAULT_RULES, V41_RULESET, load_rules
+    for model, want in (("attn_v41", V41_RULESET), ("needle_v2", DEFAULT_RULES)):
+        rc, text = run("rules", "--model", model)
+        assert rc == 0
+        path = tmp_path / f"{model}.toml"
+        path.write_text(text + "\n")
+        assert load_rules(str(path)).rules == want.rules

@@ -1,8 +1,10 @@
 """DeepSeek-V4.1 attention, every layer class, restated plainly (attn_v41 spec §2.2, §3).
 
-`AttnStackV41(args, weights)`: `args` carries the official ModelArgs field names (see
-reference/v41/config.py), `weights` the official parameter names (`layers.{i}.attn.wq_a.weight`,
-`...compressor.wkv.weight`, `...indexer.wq_b.weight`, `...attn_sink`, ...). `reset()` starts a
+`AttnV41(args, weights)` (`AttnStackV41` is the same type): `args` carries the official
+ModelArgs field names (see reference/v41/config.py: `n_layers` backbone layers; MTP layers'
+attention weights `mtp.{k}.attn.*` are held when given, never run), `weights` the official
+parameter names (`layers.{i}.attn.wq_a.weight`, `...compressor.wkv.weight`,
+`...indexer.wq_b.weight`, `...attn_sink`, ...). `reset()` starts a
 sequence (layer 0 at position 0 also does); `forward(layer, x, start_pos, trace=None)` runs one
 layer's attention on its normed input x [m, dim] bf16 and returns [m, dim] bf16. Within a call
 the layers run in order 0..L-1, so sources publish before their consumers read:
