@@ -144,6 +144,7 @@ def test_ladder_run_with_the_mtp_entry(tmp_path):
     with open(DEFAULT_STEM + ".json") as f:
         man = json.load(f)
     man["model_args"] = with_mtp_entry(man["model_args"])
+    man["calls"] = man["calls"][:6]                       # scenario p1's start: cheap
     with open(stem + ".json", "w") as f:
         json.dump(man, f)
     shutil.copy(DEFAULT_STEM + ".safetensors", stem + ".safetensors")
@@ -152,7 +153,7 @@ def test_ladder_run_with_the_mtp_entry(tmp_path):
     text = "\n".join(lines)
     assert rc == 0, text
     assert "model: 8 layers" in text
-    assert "reference vs official: 3961 points over 48 steps, 0 failing (PASS)" in text
+    assert "reference vs official: " in text and "over 6 steps, 0 failing (PASS)" in text
 
 
 def test_port_reads_only_the_description_from_the_reference():
