@@ -311,7 +311,7 @@ def _model_args(p, regen=False):
                    help="needle_v2 (default) or attn_v41: DeepSeek-V4.1 attention, reference vs "
                         "the official fixture and port vs reference (run also checks graph vs "
                         "eager on every capturable layer-step). --fixture, --backend "
-                        "torch|triton, --device, --rules, --fine, --per-step apply; any other "
+                        "torch|triton, --device, --rules, --per-step apply; any other "
                         "model option is refused (ladder/v41_cli.py)")
     p.add_argument("--rules", help="tolerance rules file (.toml or .json; see `ladder rules`)")
     p.add_argument("--weights", default=None,

@@ -9,8 +9,9 @@ locate  the same comparisons, then ladder/v41_locate.py on the first divergence
 report  markdown, CSV and HTML (with the error-growth plot) of port vs reference
 
 Options that apply: --fixture, --backend torch|triton, --device, --rules (patterns
-"v41_official/L*.name" and "v41_port/L*.name"), --fine / --per-step, and report's --out,
---stem, --plot. Any other option (they describe a needle v2 run) is refused with exit 2.
+"v41_official/L*.name" and "v41_port/L*.name"), --per-step, and report's --out, --stem,
+--plot. Any other option (they describe a needle v2 run; --fine picks points outside the
+coarse ladder, and every V4.1 point is shown already) is refused with exit 2.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from .v41 import DEFAULT_STEM, V41FixtureError, compare, graph_vs_eager, load_fi
 NOT_FOR_V41 = {"preset": "--preset", "params": "--params", "cact": "--cact", "seed": "--seed",
                "prompt_len": "--prompt-len", "steps": "--steps", "window": "--window",
                "weights": "--weights", "bits_map": "--bits-map", "decode": "--decode",
-               "no_check_plain": "--no-check-plain"}
+               "no_check_plain": "--no-check-plain", "fine": "--fine"}
 
 
 def refuse_other_options(args, argv, defaults) -> None:
@@ -38,7 +39,7 @@ def refuse_other_options(args, argv, defaults) -> None:
         if named or getattr(args, dest, None) != getattr(defaults, dest, None):
             raise V41FixtureError(f"{flag} does not apply to --model attn_v41 (it reads the "
                                   f"fixture's own calls and weights; options: --fixture, "
-                                  f"--backend, --device, --rules, --fine, --per-step)")
+                                  f"--backend, --device, --rules, --per-step)")
 
 
 def compare_run(args, out=print):

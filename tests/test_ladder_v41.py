@@ -94,7 +94,7 @@ def test_default_model_is_needle_v2():
 
 @pytest.mark.parametrize("option", [["--preset", "tiny"], ["--steps", "3"], ["--weights", "cq"],
                                     ["--cact", "x.cact"], ["--decode=graph"], ["--seed", "0"],
-                                    ["--window", "4"], ["--no-check-plain"]])
+                                    ["--window", "4"], ["--no-check-plain"], ["--fine"]])
 def test_options_that_do_not_apply_are_refused(option, capsys):
     """A needle v2 option given to a V4.1 run is named and refused, even at its default value
     (before: silently dropped)."""
