@@ -6,7 +6,8 @@ run     reference vs the official fixture, port vs reference (tolerance tables, 
         always run: on CUDA real capture and replay, else the capturable body on the static
         buffers, and the line says which)
 locate  the same comparisons, then ladder/v41_locate.py on the first divergence
-report  markdown, CSV and HTML (with the error-growth plot) of port vs reference
+report  markdown, CSV and HTML (with the error-growth plot) of port vs reference, and the same
+        three of reference vs official beside them ({stem}-official.*)
 
 Options that apply: --fixture, --backend torch|triton, --device, --rules (patterns
 "v41_official/L*.name" and "v41_port/L*.name"), --per-step, and report's --out, --stem,
@@ -139,8 +140,11 @@ def cmd_report(args, out=print) -> int:
     cmp, official, ctx, info = compare_run(args, out)
     loc = _locate(cmp, ctx)
     paths = write_report(cmp, args.out, loc, info, stem=args.stem, plot_backend=args.plot)
+    # the reference against DeepSeek's own code, in the same three forms beside it
+    paths_off = write_report(official, args.out, None, info, stem=f"{args.stem}-official",
+                             plot_backend=args.plot)
     out(str(official))
     out(str(cmp))
-    for p in paths.values():
+    for p in [*paths.values(), *paths_off.values()]:
         out(f"wrote {p} ({os.path.getsize(p)} bytes)")
     return 0 if cmp.passed and official.passed else 1

@@ -190,6 +190,10 @@ def test_report_writes_md_csv_html_with_plot(tmp_path):
     md, csv, html = (out / f"ladder.{e}" for e in ("md", "csv", "html"))
     assert "**PASS**" in md.read_text() and f"reference vs official: {n}/{n}" in md.read_text()
     assert len(csv.read_text().splitlines()) == 1 + n
+    official = out / "ladder-official.md"
+    assert "# needle-parity ladder: reference vs official" in official.read_text()
+    assert len((out / "ladder-official.csv").read_text().splitlines()) == 1 + n
+    assert (out / "ladder-official.html").stat().st_size > 0
     page = html.read_text()
     assert 'src="data:image/svg+xml;base64,' in page and "v41_port/*.topk_idxs" in page
 
