@@ -11,6 +11,9 @@
     fixtures.py  forward-parity fixtures (safetensors + JSON manifest)
     faults.py    planted port faults, for tests
     cli.py       `python -m ladder run | locate | report | regen | rules`
+    v41.py       DeepSeek-V4.1 attention: its fixture, both sides driven over it, Comparison
+    v41_locate.py  V4.1 first divergence, local vs propagated (re-run from the reference's state)
+    v41_cli.py   `--model attn_v41` for run, locate and report
 
 The public names below are imported on first use, so `ladder.rules` stays light.
 

@@ -47,8 +47,8 @@ def _input_errors() -> tuple:
     from reference.safe_io import InputFileError
     errs = [LadderInputError, ConfigError, ParamsError, DecodeInputError, StepError, InputFileError,
             StateError, RulesError, CompareError, fixtures.FixtureError, OSError]
-    for mod, name in (("ladder.v41", "V41FixtureError"), ("port.attn_v41", "AttnV41Error"),
-                      ("reference.attn_v41", "AttnV41Error")):
+    for mod, name in (("ladder.v41", "V41FixtureError"), ("port.v41.attn", "AttnV41Error"),
+                      ("reference.v41.attn", "AttnV41Error")):
         try:
             errs.append(getattr(__import__(mod, fromlist=[name]), name))
         except (ImportError, AttributeError):
@@ -307,7 +307,13 @@ def _same_bytes(a, b) -> bool:
 
 
 def cmd_rules(args, out=print) -> int:
-    rs = load_rules(args.rules) if args.rules else DEFAULT_RULES
+    if args.rules:
+        rs = load_rules(args.rules)
+    elif args.model == "attn_v41":
+        from .rules import V41_RULESET
+        rs = V41_RULESET
+    else:
+        rs = DEFAULT_RULES
     out(dump_rules(rs, args.format).rstrip("\n"))
     return 0
 
@@ -329,7 +335,7 @@ def _model_args(p, regen=False):
                    help="needle_v2 (default) or attn_v41: DeepSeek-V4.1 attention, reference vs "
                         "the official fixture and port vs reference (run also checks graph vs "
                         "eager on every capturable layer-step). --fixture, --backend "
-                        "torch|triton, --device, --rules, --fine, --per-step apply; any other "
+                        "torch|triton, --device, --rules, --per-step apply; any other "
                         "model option is refused (ladder/v41_cli.py)")
     p.add_argument("--rules", help="tolerance rules file (.toml or .json; see `ladder rules`)")
     p.add_argument("--weights", default=None,
@@ -389,6 +395,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rules", help="print the tolerance rules (default or --rules FILE)")
     p.add_argument("--rules")
     p.add_argument("--format", default="toml", choices=["toml", "json"])
+    p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
+                   help="whose default rules to print (attn_v41: V41_RULES)")
     return ap
 
 

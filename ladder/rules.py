@@ -451,10 +451,10 @@ V41_RULES = {
     "v41_port/*.window_idxs": Rule(0.0, exact=True, why=V41_INDEX_WHY),
     "v41_port/*.topk_idxs": Rule(0.0, exact=True, why=V41_INDEX_WHY),
     "v41_official/*": Rule(2 * 2 ** -8, atol=1e-6, why=(
-        "issue #8: reference/attn_v41.py vs DeepSeek's V4.1 model.py (fixture), layer by layer "
+        "issue #8: reference/v41/attn.py vs DeepSeek's V4.1 model.py (fixture), layer by layer "
         "from the official inputs; bf16 storage, f32 accumulation in different orders")),
     "v41_port/*": Rule(2 * 2 ** -8, atol=1e-6, why=(
-        "issue #8: port/attn_v41.py (torch twin or Triton) vs reference/attn_v41.py, same "
+        "issue #8: port/v41/attn.py (torch twin or Triton) vs reference/v41/attn.py, same "
         "inputs; bf16 storage, f32 accumulation in different orders")),
 }
 

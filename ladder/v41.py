@@ -6,8 +6,8 @@ Comparisons over the committed fixture of DeepSeek's own V4.1 code (tools/
 gen_v41_attn_fixture.py), each layer by layer from the official inputs (index selections flip
 under one-ulp changes, so a free-running comparison would test the chain, not the layer):
 
-  v41_official  reference/attn_v41.py vs the official recordings
-  v41_port      port/attn_v41.py (eager, backend and device as asked) vs the reference
+  v41_official  reference/v41/attn.py vs the official recordings
+  v41_port      port/v41/attn.py (eager, backend and device as asked) vs the reference
 
 A ladder step is one fixture call (named by its key, at its start position, m positions
 wide); a point is "L{layer:02d}.{name}", and rules match "{side}/L{layer:02d}.{name}". Index
@@ -22,7 +22,7 @@ import os
 import torch
 from safetensors.torch import load_file
 
-from reference.config_v41 import V41Args, V41ConfigError
+from reference.v41.config import V41Args, V41ConfigError
 
 from .compare import Comparison, as_ruleset, compare_ladders
 from .rules import V41_RULESET, RulesError

@@ -6,11 +6,13 @@ run     reference vs the official fixture, port vs reference (tolerance tables, 
         always run: on CUDA real capture and replay, else the capturable body on the static
         buffers, and the line says which)
 locate  the same comparisons, then ladder/v41_locate.py on the first divergence
-report  markdown, CSV and HTML (with the error-growth plot) of port vs reference
+report  markdown, CSV and HTML (with the error-growth plot) of port vs reference, and the same
+        three of reference vs official beside them ({stem}-official.*)
 
 Options that apply: --fixture, --backend torch|triton, --device, --rules (patterns
-"v41_official/L*.name" and "v41_port/L*.name"), --fine / --per-step, and report's --out,
---stem, --plot. Any other option (they describe a needle v2 run) is refused with exit 2.
+"v41_official/L*.name" and "v41_port/L*.name"), --per-step, and report's --out, --stem,
+--plot. Any other option (they describe a needle v2 run; --fine picks points outside the
+coarse ladder, and every V4.1 point is shown already) is refused with exit 2.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from .v41 import DEFAULT_STEM, V41FixtureError, compare, graph_vs_eager, load_fi
 NOT_FOR_V41 = {"preset": "--preset", "params": "--params", "cact": "--cact", "seed": "--seed",
                "prompt_len": "--prompt-len", "steps": "--steps", "window": "--window",
                "weights": "--weights", "bits_map": "--bits-map", "decode": "--decode",
-               "no_check_plain": "--no-check-plain"}
+               "no_check_plain": "--no-check-plain", "fine": "--fine"}
 
 
 def refuse_other_options(args, argv, defaults) -> None:
@@ -38,14 +40,14 @@ def refuse_other_options(args, argv, defaults) -> None:
         if named or getattr(args, dest, None) != getattr(defaults, dest, None):
             raise V41FixtureError(f"{flag} does not apply to --model attn_v41 (it reads the "
                                   f"fixture's own calls and weights; options: --fixture, "
-                                  f"--backend, --device, --rules, --fine, --per-step)")
+                                  f"--backend, --device, --rules, --per-step)")
 
 
 def compare_run(args, out=print):
     """Everything run / locate / report share: (port-vs-reference Comparison, reference-vs-
     official Comparison, context for locate, info for the report)."""
-    from port.attn_v41 import AttnV41 as Port
-    from reference.attn_v41 import AttnV41 as Ref
+    from port.v41.attn import AttnV41 as Port
+    from reference.v41.attn import AttnV41 as Ref
     torch.set_num_threads(1)       # tiny tensors: a second thread only adds contention
     t0 = time.perf_counter()
     rules = load_rules(args.rules) if args.rules else V41_RULESET
@@ -138,8 +140,11 @@ def cmd_report(args, out=print) -> int:
     cmp, official, ctx, info = compare_run(args, out)
     loc = _locate(cmp, ctx)
     paths = write_report(cmp, args.out, loc, info, stem=args.stem, plot_backend=args.plot)
+    # the reference against DeepSeek's own code, in the same three forms beside it
+    paths_off = write_report(official, args.out, None, info, stem=f"{args.stem}-official",
+                             plot_backend=args.plot)
     out(str(official))
     out(str(cmp))
-    for p in paths.values():
+    for p in [*paths.values(), *paths_off.values()]:
         out(f"wrote {p} ({os.path.getsize(p)} bytes)")
     return 0 if cmp.passed and official.passed else 1

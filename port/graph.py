@@ -152,7 +152,7 @@ def _describe(a):
 
 class BodyRecorder(TorchDispatchMode):
     """Records every op a capturable body issues (with argument shapes and values) and refuses
-    host synchronisations; `what` names the body in the error. Shared by port/attn_v41_graph."""
+    host synchronisations; `what` names the body in the error. Shared by port/v41/graph."""
 
     def __init__(self, what: str = "decode body"):
         super().__init__()

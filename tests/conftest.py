@@ -40,8 +40,8 @@ def v41_fx():
 
 @pytest.fixture(scope="session")
 def v41_ref_run(v41_fx):
-    """reference/attn_v41.py driven through every call of the fixture, once per session."""
+    """reference/v41/attn.py driven through every call of the fixture, once per session."""
     from ladder.v41 import run_side
-    from reference.attn_v41 import AttnStackV41
+    from reference.v41.attn import AttnStackV41
     man, rec, w = v41_fx
     return run_side(AttnStackV41(man["model_args"], w), man, rec)

@@ -4,11 +4,11 @@ the port on the GPU (torch twin and Triton) matches the reference on the officia
 import pytest
 import torch
 
-from kernels.sparse_attn_v41 import triton
+from kernels.v41.sparse_attn import triton
 from ladder.rules import V41_DEVICE_FLIPS
 from ladder.v41 import compare, graph_vs_eager, run_side
-from port.attn_v41 import AttnStackV41
-from reference.attn_v41 import AttnStackV41 as RefStack
+from port.v41.attn import AttnStackV41
+from reference.v41.attn import AttnStackV41 as RefStack
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(triton is None,

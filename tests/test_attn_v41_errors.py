@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from ladder.v41 import run_side
-from port.attn_v41 import AttnStackV41 as PortStack
-from port.attn_v41 import AttnV41Error as PortError
-from reference.attn_v41 import AttnStackV41 as RefStack
-from reference.attn_v41 import AttnV41Error as RefError
+from port.v41.attn import AttnStackV41 as PortStack
+from port.v41.attn import AttnV41Error as PortError
+from reference.v41.attn import AttnStackV41 as RefStack
+from reference.v41.attn import AttnV41Error as RefError
 
 SIDES = [(RefStack, RefError), (PortStack, PortError)]
 IDS = ["reference", "port"]

@@ -1,4 +1,4 @@
-"""reference/attn_v41.py against DeepSeek's own V4.1 attention (the committed fixture made by
+"""reference/v41/attn.py against DeepSeek's own V4.1 attention (the committed fixture made by
 tools/gen_v41_attn_fixture.py from the official model.py), layer by layer from the official
 inputs: index tensors exact, float tensors within the bf16 rule of ladder/rules.py."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from ladder.rules import V41_RULES, rule_for
 from ladder.v41 import INDEX_POINTS, compare
-from reference.attn_v41 import AttnStackV41
+from reference.v41.attn import AttnStackV41
 
 OFFICIAL_SHA256 = "4e9ae23620edc8028ccc5d5fef552ab7fdc7dcd6f79608754fe9f67644056f65"
 
@@ -78,7 +78,7 @@ def test_args_need_every_field_the_attention_reads(v41_fx):
     ModelArgs' other fields (vocab_size, moe_*, hc_*, dtype, ...) are ignored."""
     from types import SimpleNamespace
 
-    from reference.config_v41 import V41Args, V41ConfigError
+    from reference.v41.config import V41Args, V41ConfigError
     man, _, w = v41_fx
     full = man["model_args"]
     assert "vocab_size" in full and V41Args.from_any(full).max_seq_len == full["max_seq_len"]

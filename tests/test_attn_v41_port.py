@@ -1,14 +1,14 @@
-"""port/attn_v41.py against reference/attn_v41.py on the official fixture's inputs (torch twin:
+"""port/v41/attn.py against reference/v41/attn.py on the official fixture's inputs (torch twin:
 every call; Triton under the interpreter: the first calls of one scenario), decode="graph"
 bytes against eager on every capturable layer-step and the capturable body's op sequence (the
 errors of spec §2.2 / §2.3: tests/test_attn_v41_errors.py)."""
 import pytest
 import torch
 
-from kernels.sparse_attn_v41 import triton
+from kernels.v41.sparse_attn import triton
 from ladder.v41 import compare, graph_vs_eager, run_side
-from port.attn_v41 import AttnStackV41
-from port.attn_v41_graph import record_body_ops
+from port.v41.attn import AttnStackV41
+from port.v41.graph import record_body_ops
 
 needs_triton = pytest.mark.skipif(triton is None, reason="no Triton wheel on this platform")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"     # Triton: a GPU, else the interpreter

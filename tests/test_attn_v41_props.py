@@ -9,11 +9,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-import port.attn_v41_ops as P
+import port.v41.ops as P
 from kernels.ring import window_topk_idxs
-from kernels.sparse_attn_v41 import sparse_attn_v41_torch, sparse_attn_v41_triton, triton
-from reference import attn_v41_index as R
-from reference import attn_v41_quant as Q
+from kernels.v41.sparse_attn import sparse_attn_v41_torch, sparse_attn_v41_triton, triton
+from reference.v41 import index as R
+from reference.v41 import quant as Q
 
 
 # ---- index builders ----

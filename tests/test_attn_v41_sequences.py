@@ -5,8 +5,8 @@ without a copy."""
 import pytest
 import torch
 
-from port.attn_v41 import AttnStackV41, AttnV41, AttnV41Error
-from port.attn_v41_state import LayerWeightsV41, SequenceV41, SharedV41
+from port.v41.attn import AttnStackV41, AttnV41, AttnV41Error
+from port.v41.state import LayerWeightsV41, SequenceV41, SharedV41
 
 
 def scenario_calls(man, name):
@@ -108,7 +108,7 @@ def test_segment_holds_both_classes_and_is_capturable(v41_fx):
     """One segment body for layers 5..7 (ratio 1, ratio 1, ratio 0): no host sync, the same op
     sequence at every decode position (one capture serves all), and output bytes equal to
     the eager layer-by-layer steps."""
-    from port.attn_v41_graph import record_segment_ops
+    from port.v41.graph import record_segment_ops
     man, rec, w = v41_fx
     ma = mixed_class_args(man["model_args"])
     eager, graph = AttnV41(ma, w), AttnV41(ma, w, decode="graph")

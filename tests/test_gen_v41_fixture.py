@@ -11,8 +11,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "too
 import gen_v41_attn_fixture as gen  # noqa: E402
 import v41_kernel_standins as standins  # noqa: E402
 
-from reference import attn_v41_quant as Q  # noqa: E402
-from reference.attn_v41 import sparse_attn_sink  # noqa: E402
+from reference.v41 import quant as Q  # noqa: E402
+from reference.v41.attn import sparse_attn_sink  # noqa: E402
 
 
 def test_refuses_other_sources(tmp_path):

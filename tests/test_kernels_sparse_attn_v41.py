@@ -1,10 +1,10 @@
-"""kernels/sparse_attn_v41.py: the two-source MQA sparse attention with sink, torch twin and
+"""kernels/v41/sparse_attn.py: the two-source MQA sparse attention with sink, torch twin and
 Triton (interpreter on CPU), against a float64 restatement of the official kernel's numerics
 (running max from -1e30, bf16 probabilities weighting the rows, sink in the denominator)."""
 import pytest
 import torch
 
-from kernels.sparse_attn_v41 import (SparseAttnV41Error, sparse_attn_v41, sparse_attn_v41_torch,
+from kernels.v41.sparse_attn import (SparseAttnV41Error, sparse_attn_v41, sparse_attn_v41_torch,
                                      triton)
 from ladder.rules import KERNEL_RULES, rule_for
 

@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import v41_kernel_standins  # noqa: E402
 
-from reference.config_v41 import V41Args, weight_names  # noqa: E402
+from reference.v41.config import V41Args, weight_names  # noqa: E402
 
 REVISION = "dba1be0a40aa45a94ad051997016db3960a90277"
 OFFICIAL_SHA256 = "4e9ae23620edc8028ccc5d5fef552ab7fdc7dcd6f79608754fe9f67644056f65"

@@ -3,7 +3,7 @@ from `kernel` (used only by tools/gen_v41_attn_fixture.py, which installs this m
 `kernel` in sys.modules before loading the official file).
 
 Written from the kernels' documented behaviour (attn_v41 spec §6.2, §3.4, §3.5, §3.8), on
-purpose independent of reference/attn_v41_quant.py so the fixture checks the reference's
+purpose independent of reference/v41/quant.py so the fixture checks the reference's
 quantisers rather than reusing them:
 
   act_quant        in place: per block, amax floored at 1e-4, scale = 2^ceil(log2(amax·f32(1/448)))

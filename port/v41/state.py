@@ -8,7 +8,7 @@
                    compressed cache, the index keys, the selection and the candidate filter
   SequenceV41      one sequence: a LayerStateV41 per layer and its SharedV41
 
-One runtime (port/attn_v41.py's AttnV41) serves any number of SequenceV41: everything a
+One runtime (port/v41/attn.py's AttnV41) serves any number of SequenceV41: everything a
 sequence writes lives in its own objects, so sequences can be interleaved call by call.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.config_v41 import LayerRole, V41Args
+from reference.v41.config import LayerRole, V41Args
 
 PUBLISHED = ("compress_kv", "index_k", "topk_idxs", "candidates")
 

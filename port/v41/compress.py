@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from reference.config_v41 import MAX_SELECTION
+from reference.v41.config import MAX_SELECTION
 
-from .attn_v41_ops import (AttnV41Error, block_filter, fp4_e4m3_rt, fp4_e8m0_rt, rms, rope,
+from .ops import (AttnV41Error, block_filter, fp4_e4m3_rt, fp4_e8m0_rt, rms, rope,
                            topk_positions, visible)
 
 

@@ -6,7 +6,7 @@ reuse what was last published.
 The seed's split: the runtime is built once per model (RoPE tables, the decode static buffers,
 the static bf16 [max_tokens, dim] output buffer `out`) and holds one LayerWeightsV41 per layer;
 everything a sequence writes lives in a SequenceV41 (per-layer LayerStateV41, its SharedV41;
-port/attn_v41_state.py), so one runtime serves many sequences. `AttnStackV41` is the same type.
+port/v41/state.py), so one runtime serves many sequences. `AttnStackV41` is the same type.
 
   AttnV41(args, weights, backend="torch"|"triton", decode="eager"|"graph", device=None,
           max_tokens=None)
@@ -36,7 +36,7 @@ token at a time; generalising them is not done here.
 A capturable one-token step runs the same arithmetic eagerly and in the body (the eager step
 hands sparse attention the unpadded selection, the body the -1-padded one, which changes no
 bit), so decode="graph" output bytes equal decode="eager". With decode="graph" forward routes
-those steps through port/attn_v41_graph.py (a CUDA graph per layer on CUDA).
+those steps through port/v41/graph.py (a CUDA graph per layer on CUDA).
 """
 from __future__ import annotations
 
@@ -44,14 +44,14 @@ import torch
 import torch.nn.functional as F
 
 from kernels.ring import ring_put_torch, ring_put_triton, window_topk_idxs
-from kernels.sparse_attn_v41 import sparse_attn_v41
-from reference.config_v41 import (MAX_SELECTION, V41Args, V41ConfigError,
+from kernels.v41.sparse_attn import sparse_attn_v41
+from reference.v41.config import (MAX_SELECTION, V41Args, V41ConfigError,
                                    forward_call_problem, mtp_layers_present, mtp_weight_names,
                                    weight_names)
 
-from .attn_v41_compress import check_sources, compressed_part
-from .attn_v41_ops import AttnV41Error, fp8_rt, grouped_projection, rms, rope, rope_cis
-from .attn_v41_state import LayerWeightsV41, SequenceV41, SharedV41
+from .compress import check_sources, compressed_part
+from .ops import AttnV41Error, fp8_rt, grouped_projection, rms, rope, rope_cis
+from .state import LayerWeightsV41, SequenceV41, SharedV41
 
 __all__ = ["AttnV41", "AttnStackV41", "AttnV41Error"]
 
@@ -106,7 +106,7 @@ class AttnStackV41:
         self.seq = self._active = self.new_sequence()      # the default sequence
         self.graphs = None
         if decode == "graph":
-            from .attn_v41_graph import DecodeGraphsV41
+            from .graph import DecodeGraphsV41
             self.graphs = DecodeGraphsV41(self)
 
     # ---- sequences ----

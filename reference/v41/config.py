@@ -1,7 +1,7 @@
 """DeepSeek-V4.1 attention geometry (attn_v41 spec §1, §2.1): the official `ModelArgs` fields the
 attention reads, the checks the runtime makes at construction, and each layer's role.
 
-Geometry only, no math: both reference/attn_v41.py and port/attn_v41.py read it, as they read
+Geometry only, no math: both reference/v41/attn.py and port/v41/attn.py read it, as they read
 reference/config.py for needle v2. Field names are the official ones (the official `ModelArgs`
 takes its inference config.json keys as they are); any other field of the object or dict handed
 in is ignored.

@@ -1,8 +1,10 @@
 """DeepSeek-V4.1 attention, every layer class, restated plainly (attn_v41 spec §2.2, §3).
 
-`AttnStackV41(args, weights)`: `args` carries the official ModelArgs field names (see
-reference/config_v41.py), `weights` the official parameter names (`layers.{i}.attn.wq_a.weight`,
-`...compressor.wkv.weight`, `...indexer.wq_b.weight`, `...attn_sink`, ...). `reset()` starts a
+`AttnV41(args, weights)` (`AttnStackV41` is the same type): `args` carries the official
+ModelArgs field names (see reference/v41/config.py: `n_layers` backbone layers; MTP layers'
+attention weights `mtp.{k}.attn.*` are held when given, never run), `weights` the official
+parameter names (`layers.{i}.attn.wq_a.weight`, `...compressor.wkv.weight`,
+`...indexer.wq_b.weight`, `...attn_sink`, ...). `reset()` starts a
 sequence (layer 0 at position 0 also does); `forward(layer, x, start_pos, trace=None)` runs one
 layer's attention on its normed input x [m, dim] bf16 and returns [m, dim] bf16. Within a call
 the layers run in order 0..L-1, so sources publish before their consumers read:
@@ -24,10 +26,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .attn_v41_index import candidate_keep, select, visible_lens, window_idxs
-from .attn_v41_quant import fp4_roundtrip_e4m3, fp4_roundtrip_e8m0, fp8_roundtrip
-from .attn_v41_rope import rope_table, rotate
-from .config_v41 import (V41Args, V41ConfigError, forward_call_problem, mtp_layers_present,
+from .index import candidate_keep, select, visible_lens, window_idxs
+from .quant import fp4_roundtrip_e4m3, fp4_roundtrip_e8m0, fp8_roundtrip
+from .rope import rope_table, rotate
+from .config import (V41Args, V41ConfigError, forward_call_problem, mtp_layers_present,
                           mtp_weight_names, weight_names)
 
 TILE = 64
