@@ -158,6 +158,7 @@ def test_report_png_without_matplotlib_exits_2_and_writes_nothing(monkeypatch, t
     assert not (tmp_path / "r").exists()
     rc, text = run("report", "--out", str(tmp_path / "r"), "--no-check-plain", "--steps", "3")
     assert rc == 0 and "figure is SVG" in text                # auto falls back, and says so
+    assert "data:image/svg+xml;base64," in (tmp_path / "r" / "ladder.html").read_text()
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == \
         ["ladder.csv", "ladder.html", "ladder.md"]
 
