@@ -130,12 +130,17 @@ def test_no_c_compiler_names_the_torch_backend(monkeypatch, capsys):
 
 
 def test_fixture_by_name_from_any_directory(monkeypatch, tmp_path, capsys):
+    from ladder import fixtures
     monkeypatch.chdir(tmp_path)
     rc, text = run("run", "--fixture", "v2_forward_vectors", "--no-check-plain")
     assert rc == 0 and "fixture " + os.path.abspath(os.path.join(ROOT, FIXTURE)) in text
     assert run("run", "--fixture", "v2_nothing")[0] == 2
     err = capsys.readouterr().err
     assert "--fixture v2_nothing" in err and "tests/fixtures" in err
+    monkeypatch.setattr(fixtures, "REPO_FIXTURES", None)       # an installed copy
+    assert run("run", "--fixture", "v2_forward_vectors")[0] == 2
+    err = capsys.readouterr().err
+    assert "this installed copy has no tests/fixtures/" in err and "None" not in err
 
 
 def test_report_out_checked_before_any_work(tmp_path, capsys):
