@@ -117,7 +117,7 @@ def build() -> str:
             # compiler: say which file, so the fix (reinstall) is obvious.
             raise NativeUnavailable(f"cannot read the native step's source {path}: "
                                     f"{e.strerror}; this install of needle-parity lacks its "
-                                    f"C files (reinstall it); the torch backend needs none") from e
+                                    f"C files (reinstall it), or use the torch backend") from e
     key = hashlib.sha256(src + " ".join(FLAGS).encode() + version.encode()
                          + _cpu_id().encode()).hexdigest()[:16]
     out_dir = _cache_dir()
