@@ -145,10 +145,11 @@ def _fixture_flag(args) -> None:
     if args.fixture:
         stem = fixtures.find_stem(args.fixture)
         if stem is None:
+            where = f"there or in {fixtures.REPO_FIXTURES}" if fixtures.REPO_FIXTURES else \
+                "there (this installed copy has no tests/fixtures/)"
             _fail(f"--fixture {args.fixture}: no {os.path.basename(args.fixture)}.json + "
-                  f".safetensors there or in {fixtures.REPO_FIXTURES}; fixtures live in the "
-                  f"repository's tests/fixtures/ (`python -m ladder regen --out STEM` makes "
-                  f"one)")
+                  f".safetensors {where}; fixtures live in the repository's tests/fixtures/: "
+                  f"give the path to one, or make one with `python -m ladder regen --out STEM`")
         args.fixture = stem
 
 

@@ -122,7 +122,9 @@ def test_a_cact_given_to_params_says_use_cact(tmp_path, capsys):
 
 def test_no_c_compiler_names_the_torch_backend(monkeypatch, capsys):
     import kernels.native as native
-    monkeypatch.setattr(native, "_libs", {})     # no library loaded yet: build anew
+    # no library loaded yet, so it is built anew (one cached library, or one per fault set)
+    monkeypatch.setattr(native, "_lib", None, raising=False)
+    monkeypatch.setattr(native, "_libs", {}, raising=False)
     monkeypatch.setenv("CC", "/nonexistent/cc")
     rc, text = run("run", "--backend", "native")
     err = capsys.readouterr().err
@@ -130,12 +132,17 @@ def test_no_c_compiler_names_the_torch_backend(monkeypatch, capsys):
 
 
 def test_fixture_by_name_from_any_directory(monkeypatch, tmp_path, capsys):
+    from ladder import fixtures
     monkeypatch.chdir(tmp_path)
     rc, text = run("run", "--fixture", "v2_forward_vectors", "--no-check-plain")
     assert rc == 0 and "fixture " + os.path.abspath(os.path.join(ROOT, FIXTURE)) in text
     assert run("run", "--fixture", "v2_nothing")[0] == 2
     err = capsys.readouterr().err
-    assert "--fixture v2_nothing" in err and "tests/fixtures" in err
+    assert "--fixture v2_nothing" in err and "fixtures live in the repository's" in err
+    monkeypatch.setattr(fixtures, "REPO_FIXTURES", None)       # an installed copy
+    assert run("run", "--fixture", "v2_forward_vectors")[0] == 2
+    err = capsys.readouterr().err
+    assert "this installed copy has no tests/fixtures/" in err and "None" not in err
 
 
 def test_report_out_checked_before_any_work(tmp_path, capsys):
@@ -158,6 +165,7 @@ def test_report_png_without_matplotlib_exits_2_and_writes_nothing(monkeypatch, t
     assert not (tmp_path / "r").exists()
     rc, text = run("report", "--out", str(tmp_path / "r"), "--no-check-plain", "--steps", "3")
     assert rc == 0 and "figure is SVG" in text                # auto falls back, and says so
+    assert "data:image/svg+xml;base64," in (tmp_path / "r" / "ladder.html").read_text()
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == \
         ["ladder.csv", "ladder.html", "ladder.md"]
 

@@ -63,7 +63,9 @@ def test_installed_copy_runs_the_native_ladder(installed, tmp_path):
 def test_missing_source_file_makes_native_unavailable_with_the_reason(monkeypatch, tmp_path):
     gone = str(tmp_path / "native.h")
     monkeypatch.setattr(native, "HEADER", gone)
-    monkeypatch.setattr(native, "_lib", None)
+    # no library loaded yet, so it is built anew (one cached library, or one per fault set)
+    monkeypatch.setattr(native, "_lib", None, raising=False)
+    monkeypatch.setattr(native, "_libs", {}, raising=False)
     reason = native.unavailable_reason()
     assert reason is not None and gone in reason and "reinstall" in reason
     assert native.available() is False

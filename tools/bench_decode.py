@@ -172,7 +172,7 @@ def upstream_ms(python, preset, at):
                                           f"{got['compile_s']:.0f} s")
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="shipped", choices=["tiny", "shipped"])
     ap.add_argument("--ports", nargs="+",
@@ -182,6 +182,11 @@ def main(argv=None):
     ap.add_argument("--json", help="also write the numbers here")
     ap.add_argument("--upstream-python", help="interpreter of a venv with cactus-needle, jax, "
                                               "flax and torch (times upstream's decode too)")
+    return ap
+
+
+def main(argv=None):
+    ap = parser()
     args = ap.parse_args(argv)
     problem = check_args(args)
     if problem:

@@ -94,8 +94,8 @@ def ptr(t: torch.Tensor, kind=_P):
 def _compiler() -> str:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
-        raise NativeUnavailable("no C compiler found (set CC, or install gcc) for the native "
-                                "CPU step; use backend='torch'")
+        raise NativeUnavailable("no C compiler found for the native CPU step (set CC, or "
+                                "install gcc); the torch backend needs none")
     return cc
 
 
