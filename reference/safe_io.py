@@ -68,13 +68,14 @@ def open_regular(path, limit: int, error=InputFileError, what: str = "file"):
 
 
 def read_capped(path, limit: int, error=InputFileError, what: str = "file") -> bytes:
-    """The whole of a regular file of at most `limit` bytes (read at most limit + 1 bytes, so a
-    file that grows while it is read is refused, not followed)."""
-    f, _ = open_regular(path, limit, error, what)
+    """The whole of a regular file of at most `limit` bytes. Reads at most its size + 1 bytes
+    (so the buffer follows the real size, not the limit), and refuses a file that grew."""
+    f, size = open_regular(path, limit, error, what)
     with f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise error(f"{os.fspath(path)}: {what} grew past the limit {limit} while being read")
+        data = f.read(size + 1)
+    if len(data) > size:
+        raise error(f"{os.fspath(path)}: {what} grew past its size of {size} bytes while "
+                    f"being read")
     return data
 
 

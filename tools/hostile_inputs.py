@@ -28,7 +28,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if not os.environ.get("PYTHONPATH"):      # else the tree under test comes from PYTHONPATH
+    sys.path.insert(0, ROOT)
 
 CACT = os.path.join(ROOT, "tests", "fixtures", "cact_w2.cact")
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "v2_forward_vectors")
@@ -227,8 +228,10 @@ def _limits(max_as: int, cpu: int):
 
 def run(argv, env, timeout: float, max_as: int) -> dict:
     t0 = time.perf_counter()
-    p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         preexec_fn=_limits(max_as, int(timeout) + 30), start_new_session=True)
+    # `python -m` puts the working directory first on sys.path: run in the tree under test.
+    p = subprocess.Popen(argv, cwd=env["PYTHONPATH"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, preexec_fn=_limits(max_as, int(timeout) + 30),
+                         start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
         timed_out = False
