@@ -76,7 +76,9 @@ def implied_bytes(cfg: V2Config) -> dict:
 
 
 def _fmt(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / (1 << 20):.1f} MiB"
+    if n >= GIB / 10:
+        return f"{n / GIB:.2f} GiB"
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
 def check_memory(cfg: V2Config, budget: int | None = None, where: str = "config",
