@@ -56,6 +56,8 @@ for kind in ("fifo", "zero"):                      # a fixture stem whose manife
     os.symlink(os.path.join(tmp, kind), os.path.join(tmp, kind + "fx.json"))
 with open(os.path.join(tmp, "deep.toml"), "w") as f:
     f.write("a" + ".a" * 50000 + " = 1\n")
+with open(os.path.join(tmp, "quotes.json"), "w") as f:    # an unterminated string of \"
+    f.write('{"rules": "' + '\\"' * 200000)
 readers = {".cact": read_cact, ".safetensors": load_params, ".toml": load_rules,
            "st": load_safetensors, "fx": fixtures.load}
 cases = [(kind + ext, reader, os.path.join(tmp, kind + ext))
@@ -63,7 +65,8 @@ cases = [(kind + ext, reader, os.path.join(tmp, kind + ext))
 cases += [(kind + "st", load_safetensors, os.path.join(tmp, kind + ".safetensors"))
           for kind in ("fifo", "zero")]
 cases += [(kind + "fx", fixtures.load, os.path.join(tmp, kind + "fx")) for kind in ("fifo", "zero")]
-cases += [("dir.cact", read_cact, tmp), ("deep.toml", load_rules, os.path.join(tmp, "deep.toml"))]
+cases += [("dir.cact", read_cact, tmp), ("deep.toml", load_rules, os.path.join(tmp, "deep.toml")),
+          ("quotes.json", load_rules, os.path.join(tmp, "quotes.json"))]
 out = {}
 for name, reader, path in cases:
     try:
@@ -111,6 +114,12 @@ def test_special_files_are_refused_before_reading(special_files, name, error, wh
 def test_deep_dotted_toml_key_is_refused_before_tomllib(special_files):
     got, msg = special_files["deep.toml"]
     assert got == "RulesError" and "50000 dotted levels" in msg and "limit 32" in msg, msg
+
+
+def test_unterminated_string_of_escaped_quotes_is_refused_in_linear_time(special_files):
+    # A pre-scan that retried each escaped quote would need minutes of CPU here and be killed.
+    got, msg = special_files["quotes.json"]
+    assert got == "RulesError" and "malformed JSON" in msg and "Unterminated string" in msg, msg
 
 
 # ---------------------------------------------------------------- in process (safe to run)
