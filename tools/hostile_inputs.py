@@ -166,9 +166,9 @@ def cases(tmp) -> list:
     c.append(("params rope_theta = 0", LADDER + ["--params", params_file(
         tmp, "theta0", cfg_change={"rope_theta": 0.0})]))
     c.append(("params rope_theta = NaN", LADDER + ["--params", params_file(
-        tmp, "thetanan", cfg_json=json.dumps({"rope_theta": 1.0})[:-1].replace("1.0", "NaN")
-        + "}")]))
+        tmp, "thetanan", cfg_change={"rope_theta": float("nan")})]))
     c.append(("legit: tiny preset", LADDER))
+    c.append(("legit: cact max_seq_len=2^20", cact("seq20", max_seq_len=2 ** 20)))
     return c
 
 
