@@ -31,6 +31,10 @@ def _model(args):
 
 
 def run(args) -> int:
+    for flag, value, low in (("--prompt-len", args.prompt_len, 1), ("--steps", args.steps, 0),
+                             ("--window", 0 if args.window is None else args.window, 0)):
+        if value < low:
+            raise DecodeInputError(f"{flag} {value} must be >= {low}")
     torch.manual_seed(args.seed)
     params, cfg = _model(args)
     if args.save:

@@ -269,9 +269,11 @@ def read_cact(path, max_memory: int | None = None) -> CactFile:
     return parse_cact(data, os.fspath(path), budget)
 
 
-# Header bytes of the fields a geometry's memory follows (for the budget's message).
-_FIELD_AT = {"max_seq_len": 44, "vocab_size": 20, "d_model": 24, "num_layers": 36,
-             "engram_slots": 56, "engram_orders": 72}
+# Header byte of each config field a geometry's memory follows (for the budget's message).
+_FIELD_AT = {cfg_name: 4 * HEADER_FIELDS.index(name) for cfg_name, name in (
+    ("max_seq_len", "max_seq_len"), ("vocab_size", "vocab"), ("d_model", "d_model"),
+    ("num_layers", "num_layers"), ("engram_slots", "engram_slots"),
+    ("engram_orders", "engram_conv_dilation"))}
 
 
 def parse_cact(data: bytes, where: str = "<bytes>", max_memory: int | None = None) -> CactFile:

@@ -226,7 +226,7 @@ def _typed(name: str, value):
 
     def integer(v, label):
         if isinstance(v, bool) or not isinstance(v, int):
-            bad(f"{label}an integer")
+            bad(f"{label}integers" if label else "an integer")
         if not -MAX_INT <= v <= MAX_INT:
             bad(f"{label}integers in -{MAX_INT}..{MAX_INT}" if label else
                 f"an integer in -{MAX_INT}..{MAX_INT}")

@@ -58,7 +58,6 @@ def implied_bytes(cfg: V2Config) -> dict:
     hd, L = cfg.head_dim, cfg.num_layers
     params = sum(math.prod(s) for s in param_shapes(cfg, heads=True).values()) * F32
     ring = (cfg.engram_taps - 1) * cfg.engram_dilation + 1
-    window = cfg.engram_hist_window + cfg.max_seq_len
     return {
         "parameters": (params, "vocab_size/d_model/num_layers/engram_slots",
                        "every parameter tensor, float32"),
@@ -69,15 +68,17 @@ def implied_bytes(cfg: V2Config) -> dict:
                      "bytes (full causal)"),
         "Engram value ring": (cfg.num_sites * ring * cfg.d_model * F32, "engram_orders",
                               "sites x ((taps-1) x dilation + 1) x d_model x 4 bytes"),
-        "Engram window": (window * (cfg.engram_fetched + 3 * cfg.d_model + 3 * cfg.engram_tables)
-                          * F32, "engram_orders/max_seq_len",
-                          "(taps x dilation + max_seq_len) x (fetched + 3 d_model + 3 tables) "
-                          "x 4 bytes, one Engram pass"),
+        "Engram window": (cfg.engram_hist_window * (cfg.engram_fetched + 3 * cfg.d_model
+                                                    + 3 * cfg.engram_tables) * F32,
+                          "engram_orders", "taps x dilation x (fetched + 3 d_model + 3 tables) "
+                                           "x 4 bytes, the history one Engram step reads"),
     }
 
 
 def _fmt(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / (1 << 20):.1f} MiB"
+    if n >= GIB / 10:
+        return f"{n / GIB:.2f} GiB"
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
 def check_memory(cfg: V2Config, budget: int | None = None, where: str = "config",
@@ -90,9 +91,9 @@ def check_memory(cfg: V2Config, budget: int | None = None, where: str = "config"
     if total <= budget:
         return total
     name, (nbytes, fld, formula) = max(terms.items(), key=lambda kv: kv[1][0])
-    values = ", ".join(f"{f}={getattr(cfg, f)!r}" for f in fld.split("/") if hasattr(cfg, f))
-    at = "".join(f" ({f} at byte {offsets[f]})" for f in fld.split("/")
-                 if offsets and f in offsets)
+    values = ", ".join(f"{f}={getattr(cfg, f)!r}"
+                       + (f" (byte {offsets[f]})" if offsets and f in offsets else "")
+                       for f in fld.split("/") if hasattr(cfg, f))
     raise error(f"{where}: the geometry implies {_fmt(total)} of tables, over the memory "
                 f"budget of {_fmt(budget)} (--max-memory); the largest is the {name}, "
-                f"{_fmt(nbytes)} from {values}{at} ({formula})")
+                f"{_fmt(nbytes)} from {values}: {formula}")

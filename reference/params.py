@@ -265,19 +265,25 @@ def _read_tensor(f, path: str, name: str, info: dict, data_start: int) -> torch.
     return buf.view(dtype).reshape(info["shape"])
 
 
-def load_safetensors(path, max_bytes: int | None = None, names=None) -> tuple:
+def load_safetensors(path, max_bytes: int | None = None, names=None, error=ParamsError) -> tuple:
     """(tensors, metadata) after the framing check above; no pickle, no mmap of the path.
 
-    `names`: read only these tensors (the others are framed but never allocated). The V4.1
-    fixture loader can call this in place of safetensors' load_file."""
+    `names`: read only these tensors (the others are framed but never allocated). `error`: the
+    exception class to raise (the message is ParamsError's), so a fixture loader can call this
+    in place of safetensors' load_file and keep its own error class."""
     path_s = os.fspath(path)
-    f, size = open_regular(path, DEFAULT_MAX_MEMORY if max_bytes is None else max_bytes,
-                           ParamsError, "safetensors file")
-    with f:
-        header, data_start = _read_header(f, size, path_s)
-        tensors = {name: _read_tensor(f, path_s, name, info, data_start)
-                   for name, info in header.items()
-                   if name != "__metadata__" and (names is None or name in names)}
+    try:
+        f, size = open_regular(path, DEFAULT_MAX_MEMORY if max_bytes is None else max_bytes,
+                               ParamsError, "safetensors file")
+        with f:
+            header, data_start = _read_header(f, size, path_s)
+            tensors = {name: _read_tensor(f, path_s, name, info, data_start)
+                       for name, info in header.items()
+                       if name != "__metadata__" and (names is None or name in names)}
+    except ParamsError as e:
+        if error is ParamsError:
+            raise
+        raise error(str(e)) from None
     return tensors, dict(header.get("__metadata__", {}))
 
 

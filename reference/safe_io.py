@@ -68,20 +68,23 @@ def open_regular(path, limit: int, error=InputFileError, what: str = "file"):
 
 
 def read_capped(path, limit: int, error=InputFileError, what: str = "file") -> bytes:
-    """The whole of a regular file of at most `limit` bytes (read at most limit + 1 bytes, so a
-    file that grows while it is read is refused, not followed)."""
-    f, _ = open_regular(path, limit, error, what)
+    """The whole of a regular file of at most `limit` bytes. Reads at most its size + 1 bytes
+    (so the buffer follows the real size, not the limit), and refuses a file that grew."""
+    f, size = open_regular(path, limit, error, what)
     with f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise error(f"{os.fspath(path)}: {what} grew past the limit {limit} while being read")
+        data = f.read(size + 1)
+    if len(data) > size:
+        raise error(f"{os.fspath(path)}: {what} grew past its size of {size} bytes while "
+                    f"being read")
     return data
 
 
 # ---------------------------------------------------------------- JSON
 # One alternation: a string (skipped whole, so brackets and digits inside it do not count), a
-# bracket, or a run of number characters.
-_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]|[-+0-9.eE]+')
+# bracket, or a run of number characters. A string always matches, up to its closing quote or
+# the end of the text: a failed match would be retried from every later quote, quadratic in an
+# unterminated string of escaped quotes. Possessive (*+) so the body never backtracks either.
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*+(?:"|\\?\Z)|[\[\]{}]|[-+0-9.eE]+', re.S)
 
 
 def check_json_bounds(raw: bytes, where: str, error=InputFileError, max_depth: int = MAX_DEPTH,
@@ -140,8 +143,11 @@ def load_json(path, limit: int, error=InputFileError, what: str = "JSON file"):
 
 
 # ---------------------------------------------------------------- TOML
-_TOML_STRINGS = re.compile(rb'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"'
-                           rb"|'[^'\n]*'|#[^\n]*", re.S)
+# Multi-line strings, one-line strings, comments; as for JSON, each also ends at the end of its
+# line or of the text, so no match ever fails and gets retried.
+_TOML_STRINGS = re.compile(rb'"""(?:[^\\]|\\.)*?(?:"""|\\?\Z)|\'\'\'.*?(?:\'\'\'|\Z)'
+                           rb'|"(?:[^"\\\n]|\\[^\n])*+(?:"|\\?(?=\n)|\\?\Z)'
+                           rb"|'[^'\n]*+(?:'|(?=\n)|\Z)|#[^\n]*", re.S)
 _TOML_DIGITS = re.compile(rb"[0-9][0-9_]*")
 
 
@@ -150,9 +156,10 @@ def check_toml_bounds(raw: bytes, where: str, error=InputFileError, max_depth: i
     """The TOML counterpart of check_json_bounds. Strings and comments are blanked first (same
     length, so offsets still hold); then each key's dots, the bracket nesting, and every digit
     run are counted. Linear in the file size."""
-    blank = _TOML_STRINGS.sub(lambda m: b'"' + b"x" * (m.end() - m.start() - 2) + b'"'
-                              if m.group().startswith((b'"', b"'")) else b" " * len(m.group()),
-                              raw)
+    def blank_out(m):
+        n = m.end() - m.start()
+        return (b'"' + b"x" * (n - 2) + b'"')[:n] if m.group()[:1] in (b'"', b"'") else b" " * n
+    blank = _TOML_STRINGS.sub(blank_out, raw)
     depth = 0
     for m in re.finditer(rb"[\[\]{}]", blank):
         if blank[m.start()] in b"[{":

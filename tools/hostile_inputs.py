@@ -28,7 +28,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if not os.environ.get("PYTHONPATH"):      # else the tree under test comes from PYTHONPATH
+    sys.path.insert(0, ROOT)
 
 CACT = os.path.join(ROOT, "tests", "fixtures", "cact_w2.cact")
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "v2_forward_vectors")
@@ -165,9 +166,9 @@ def cases(tmp) -> list:
     c.append(("params rope_theta = 0", LADDER + ["--params", params_file(
         tmp, "theta0", cfg_change={"rope_theta": 0.0})]))
     c.append(("params rope_theta = NaN", LADDER + ["--params", params_file(
-        tmp, "thetanan", cfg_json=json.dumps({"rope_theta": 1.0})[:-1].replace("1.0", "NaN")
-        + "}")]))
+        tmp, "thetanan", cfg_change={"rope_theta": float("nan")})]))
     c.append(("legit: tiny preset", LADDER))
+    c.append(("legit: cact max_seq_len=2^20", cact("seq20", max_seq_len=2 ** 20)))
     return c
 
 
@@ -227,8 +228,10 @@ def _limits(max_as: int, cpu: int):
 
 def run(argv, env, timeout: float, max_as: int) -> dict:
     t0 = time.perf_counter()
-    p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         preexec_fn=_limits(max_as, int(timeout) + 30), start_new_session=True)
+    # `python -m` puts the working directory first on sys.path: run in the tree under test.
+    p = subprocess.Popen(argv, cwd=env["PYTHONPATH"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, preexec_fn=_limits(max_as, int(timeout) + 30),
+                         start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
         timed_out = False
