@@ -313,6 +313,9 @@ KERNEL_RULES = {
     "hadamard_mlp/*": Rule(1e-6, why="a ZC norm, two n-point Walsh transforms (a float32 matrix "
                                      "in the twin, exact +-1 sums then one scale in the kernel) "
                                      "and silu vs float64: measured <= 2.8e-7 of max|out|"),
+    "qk_rope_ring/*": Rule(1e-6, why="a ZC norm over one head (hd <= 128), a RoPE rotation and "
+                                     "a sigmoid vs float64: measured <= 1e-7 of max|ref| (twin "
+                                     "and kernel)"),
 }
 
 

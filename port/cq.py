@@ -142,6 +142,13 @@ class CqWeight:
         held = [self.packed, self.norms] + ([self.rows] if self.rows is not None else [])
         return sum(t.numel() * t.element_size() for t in held)
 
+    def kernel_operands(self, device=None):
+        """(packed, norms, levels, code bits) on `device` (default: where the codes are): the
+        packed-CQ operands of kernels/cq_gemv.py and kernels/norm_gemv.py, the form a GPU
+        streams. Ternary codes travel as 2-bit crumbs with their crumb-to-level table."""
+        dev = self.packed.device if device is None else torch.device(device)
+        return (self.packed.to(dev), self.norms.to(dev), self._lev.to(dev), self.store_bits)
+
     # ---- codes ----
     def codes(self, r0: int, r1: int) -> torch.Tensor:
         """Stored code values (before the ternary crumb mapping) of rows r0..r1-1, int64."""

@@ -119,3 +119,20 @@ def test_bad_inputs_named():
     args[3] = args[3][:, :16]                      # 64 codes: fewer than K=200
     with pytest.raises(NormGemvError, match="hold 64 2-bit codes"):
         norm_cq_gemv_torch(*args)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 5])                 # 5 = ternary, stored as crumbs
+def test_packed_path_reads_the_ports_cq_weights(bits):
+    """The kernels' packed contract is CqWeight's storage: the codes of a real quantised matrix,
+    on the device under test, give CqWeight's own product of the normed input."""
+    from port.cq import CqWeight
+    g = torch.Generator().manual_seed(bits)
+    cw = CqWeight.from_dense(torch.randn(40, 200, generator=g) * 0.05, bits)
+    x, gain = torch.randn(200, generator=g), 0.2 * torch.randn(200, generator=g)
+    want = cw.matvec(zc(x[None], gain)[0])
+    ops = cw.kernel_operands(DEV)
+    assert all(t.device.type == torch.device(DEV).type for t in ops[:3])
+    for name, impl in [("twin", norm_cq_gemv_torch)] + \
+            ([("triton", norm_cq_gemv_triton)] if triton else []):
+        got = impl(x.to(DEV), gain.to(DEV), "zc", *ops).cpu()
+        assert rule_for("norm_gemv/triton_vs_twin", KERNEL_RULES).check(got, want), name

@@ -23,6 +23,11 @@ shipped bits map), runs position 0 eagerly, then runs `DecodeGraph.body` for one
 
 The total is "launches per token": one CUDA-graph replay of the body issues exactly these
 launches. The op sequence is position-independent (tests/test_graph.py), so one token suffices.
+
+`--by-function` also attributes every counted launch to the innermost of the model functions in
+`ATTRIBUTED` that was running when it was issued (the rest to "other"): the launches a fused
+kernel would replace are those of the functions it subsumes (e.g. `log_sinkhorn` for the mHC
+routing kernel, `_hadamard` plus one `zc` per layer for the Hadamard MLP kernel).
 """
 from __future__ import annotations
 
@@ -37,7 +42,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("TRITON_INTERPRET", "1")                    # before any triton.jit runs
-from port.graph import DecodeGraph, record_body_ops              # noqa: E402
+import port.model as model_mod                                   # noqa: E402
+from port.graph import BodyRecorder, DecodeGraph, record_body_ops  # noqa: E402
 from port.model import V2Model                                   # noqa: E402
 from reference.config import V2Config                            # noqa: E402
 from reference.params import init_params                         # noqa: E402
@@ -108,6 +114,59 @@ def count_body(model: V2Model, token: int = 17) -> collections.Counter:
     return counts
 
 
+# (owner, attribute) of the functions --by-function attributes launches to.
+ATTRIBUTED = [(model_mod, "log_sinkhorn"), (model_mod, "zc"), (model_mod, "unit_rms"),
+              (model_mod, "sigmoid"), (model_mod, "silu"), (V2Model, "_mm"),
+              (V2Model, "_hadamard"), (V2Model, "_rope"), (V2Model, "_finish")]
+
+
+@contextlib.contextmanager
+def attributing():
+    """Wrap the ATTRIBUTED functions so each op can be charged to the innermost one running.
+    Yields the stack of their names (empty outside all of them)."""
+    stack, saved = [], [(o, n, o.__dict__[n]) for o, n in ATTRIBUTED]
+
+    def wrap(name, fn):
+        def run(*a, **k):
+            stack.append(name)
+            try:
+                return fn(*a, **k)
+            finally:
+                stack.pop()
+        return run
+    for owner, name, fn in saved:
+        setattr(owner, name, wrap(name, fn))
+    try:
+        yield stack
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+
+
+class _ChargingRecorder(BodyRecorder):
+    def __init__(self, stack):
+        super().__init__()
+        self.stack, self.charged = stack, collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if launches_op(str(func)):
+            self.charged[self.stack[-1] if self.stack else "other"] += 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def count_by_function(model: V2Model, token: int = 17) -> collections.Counter:
+    """Launches of one graph-body token charged to the innermost ATTRIBUTED function."""
+    state = model.make_state()
+    model.step(3, state)
+    graph = DecodeGraph(model, state)
+    with triton_launches() as kernels, attributing() as stack:
+        graph.prep(token)
+        with _ChargingRecorder(stack) as rec:
+            graph.body()
+    rec.charged["other"] += len(kernels)       # the Triton launches: sparse_attn today
+    return rec.charged
+
+
 def build(cfg, params, backend: str, weights: str) -> V2Model:
     return V2Model.from_params(params, cfg, weights=weights, backend=backend, decode="graph")
 
@@ -119,6 +178,8 @@ def main(argv=None) -> int:
                     choices=["torch", "triton"])
     ap.add_argument("--weights", nargs="+", default=["dense", "cq"], choices=["dense", "cq"])
     ap.add_argument("--top", type=int, default=12, help="ops listed per configuration")
+    ap.add_argument("--by-function", action="store_true",
+                    help="also charge launches to model functions (see the docstring)")
     ap.add_argument("--json", help="also write the counts here")
     a = ap.parse_args(argv)
     try:
@@ -133,7 +194,8 @@ def main(argv=None) -> int:
           f"({cfg.num_layers} layers); issue-12 baseline {ISSUE_BASELINE}")
     for weights in a.weights:
         for backend in a.backends:
-            counts = count_body(build(cfg, params, backend, weights))
+            model = build(cfg, params, backend, weights)
+            counts = count_body(model)
             total = sum(counts.values())
             triton_n = sum(v for k, v in counts.items() if k.startswith("triton:"))
             report["configs"][f"{backend}:{weights}"] = {"total": total, "triton": triton_n,
@@ -142,6 +204,13 @@ def main(argv=None) -> int:
                   f"({total / cfg.num_layers:.0f} per layer; {triton_n} Triton)")
             for op, n in counts.most_common(a.top):
                 print(f"  {n:6d}  {op}")
+            if a.by_function:
+                charged = count_by_function(model)
+                assert sum(charged.values()) == total, (charged, total)
+                report["configs"][f"{backend}:{weights}"]["by_function"] = dict(charged)
+                print("  charged to the innermost model function:")
+                for fn, n in charged.most_common():
+                    print(f"  {n:6d}  {fn}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)

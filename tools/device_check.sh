@@ -12,8 +12,76 @@ else
     echo "device_check: no CUDA device: GPU launches SKIPPED; running the kernel tests on CPU"
     export TRITON_INTERPRET=1
 fi
-$PY -m pytest -q tests/test_kernels_*.py tests/test_graph.py
+$PY -m pytest -q tests/test_kernels_*.py tests/test_graph.py tests/test_model_device.py \
+    tests/test_count_launches.py
 status=$?
+# Issue 12: each fused decode kernel against its torch twin at the shipped shapes, and packed
+# CQ weights stepping on the device.
+$PY - <<'PYEOF' || status=1
+import time, torch
+if not torch.cuda.is_available():
+    print("fused kernels vs twins: SKIPPED (needs a GPU); their tests ran above on CPU")
+    print("cq on CUDA: SKIPPED (needs a GPU); tests/test_model_device.py checked devices on meta")
+    raise SystemExit(0)
+from kernels.mhc_route import mhc_route_torch, mhc_route_triton
+from kernels.norm_gemv import (norm_gemv_torch, norm_gemv_triton, norm_cq_gemv_torch,
+                               norm_cq_gemv_triton)
+from kernels.hadamard_mlp import hadamard_mlp_torch, hadamard_mlp_triton
+from kernels.qk_rope_ring import qk_rope_ring_torch, qk_rope_ring_triton
+dev = "cuda"
+g = torch.Generator(device=dev).manual_seed(0)
+rnd = lambda *s: torch.randn(*s, device=dev, generator=g)
+def med(f, n=200):
+    for _ in range(20): f()
+    torch.cuda.synchronize(); ts = []
+    for _ in range(n):
+        t0 = time.perf_counter(); f(); torch.cuda.synchronize(); ts.append(time.perf_counter() - t0)
+    return sorted(ts)[n // 2] * 1e6
+def packed(out, k, bits):
+    return torch.randint(0, 256, (out, k * bits // 8), dtype=torch.uint8, device=dev, generator=g)
+n, d, scal = 4, 512, lambda v: torch.tensor(v, device=dev)
+route = (rnd(2 * n + n * n), rnd(n, d), scal(0.01), rnd(n), scal(0.01), rnd(n), scal(0.01),
+         4 * torch.eye(n, device=dev) + rnd(n, n))
+lanes = rnd(1, d).expand(n, d)
+H, KV, hd, R = 8, 4, 64, 256
+ring = torch.zeros(KV, R, hd, device=dev)
+prelude = (rnd(2 * H * hd + 2 * KV * hd), rnd(hd), rnd(hd), rnd(2048, hd // 2),
+           rnd(2048, hd // 2), torch.tensor([300], device=dev), torch.tensor([44], device=dev),
+           ring, ring.clone(), H, KV)
+cases = [  # name, twin, kernel, args
+    ("mhc_route n=4 d=512", mhc_route_torch, mhc_route_triton, route),
+    ("norm_gemv router 2048->24", norm_gemv_torch, norm_gemv_triton,
+     (lanes, None, rnd(24, n * d).t(), "unit")),
+    ("norm_gemv qkvg 512->1536", norm_gemv_torch, norm_gemv_triton,
+     (rnd(d), rnd(d), rnd(1536, d).t(), "zc")),
+    ("norm_gemv head 512->8192", norm_gemv_torch, norm_gemv_triton,
+     (rnd(d), rnd(d), rnd(8192, d).t(), "zc", True)),
+    ("norm_cq_gemv qkvg 2-bit", norm_cq_gemv_torch, norm_cq_gemv_triton,
+     (rnd(d), rnd(d), "zc", packed(1536, d, 2), rnd(1536, 4).half(), rnd(4), 2)),
+    ("norm_cq_gemv head 4-bit", norm_cq_gemv_torch, norm_cq_gemv_triton,
+     (rnd(d), rnd(d), "zc", packed(8192, d, 4), rnd(8192, 4).half(), rnd(16), 4)),
+    ("hadamard_mlp d=512", hadamard_mlp_torch, hadamard_mlp_triton,
+     (rnd(d), rnd(d), rnd(d), rnd(d), rnd(d))),
+    ("qk_rope_ring H=8 KV=4 hd=64", qk_rope_ring_torch, qk_rope_ring_triton, prelude),
+]
+print(f"{'fused kernel (one decode token)':32s} {'twin us':>9s} {'triton us':>10s} {'ratio':>7s}")
+for name, twin, kern, args in cases:
+    a, b = med(lambda: twin(*args)), med(lambda: kern(*args))
+    print(f"{name:32s} {a:9.1f} {b:10.1f} {a / b:6.2f}x")
+
+from reference.config import V2Config
+from reference.params import init_params
+from port.model import V2Model
+cfg = V2Config.preset("tiny")
+params = init_params(cfg, 0, perturbed=True)
+for backend in ("torch", "triton"):
+    cpu = V2Model.from_params(params, cfg, weights="cq", backend=backend)
+    gpu = V2Model(cfg, V2Model.from_params(params, cfg, weights="cq", device=dev).w, dev,
+                  backend=backend)
+    sc, sg = cpu.make_state(), gpu.make_state()
+    worst = max(float((cpu.step(t, sc) - gpu.step(t, sg).cpu()).abs().max()) for t in range(1, 20))
+    print(f"cq on CUDA ({backend}): 19 steps, max |logits - CPU| = {worst:.2e}")
+PYEOF
 $PY - <<'PYEOF'
 import time, torch
 from kernels.sparse_attn import sparse_attn_torch, sparse_attn_triton
