@@ -27,7 +27,7 @@ from .args import check as check_args, check_model, schedule_note
 from .capture import capture_port, capture_reference
 from .compare import CompareError, compare_ladders
 from .progress import bar
-from .rules import DEFAULT_RULES, RulesError, dump_rules, load_rules
+from .rules import COMPARED_SIDES, DEFAULT_RULES, RulesError, dump_rules, load_rules
 from .runinfo import describe_port, graph_verdict
 from .trace import TraceError
 
@@ -308,7 +308,8 @@ def _same_bytes(a, b) -> bool:
 
 def cmd_rules(args, out=print) -> int:
     if args.rules:
-        rs = load_rules(args.rules)
+        from .rules import V41_SIDES
+        rs = load_rules(args.rules, V41_SIDES if args.model == "attn_v41" else COMPARED_SIDES)
     elif args.model == "attn_v41":
         from .rules import V41_RULESET
         rs = V41_RULESET

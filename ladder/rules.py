@@ -30,6 +30,7 @@ MAX_RULES_FILE = 1024 * 1024        # a rules file is a few hundred bytes; refus
 # bound (allowance^2 / 2, in float64) finite for every float32 logit scale.
 MAX_TOLERANCE = 1e3
 COMPARED_SIDES = ("port", "arbiter")   # point-name prefixes the ladder compares (compare.py)
+V41_SIDES = ("v41_official", "v41_port")  # the same for --model attn_v41 (ladder/v41_cli.py)
 
 
 class RulesError(ValueError):
@@ -374,9 +375,10 @@ def rules_from_dict(data, source: str = "<dict>") -> RuleSet:
         raise RulesError(f"{source}: {e}") from None
 
 
-def load_rules(path) -> RuleSet:
+def load_rules(path, sides=COMPARED_SIDES) -> RuleSet:
     """Read a rules file: .toml (Python 3.11+'s tomllib) or .json, a regular file of at most
-    MAX_RULES_FILE bytes, parsed with bounded nesting; every compared side must be covered."""
+    MAX_RULES_FILE bytes, parsed with bounded nesting; every side in `sides` (the point-name
+    prefixes the model's comparisons use) must be covered."""
     from reference.safe_io import parse_json, parse_toml, read_capped
     path = os.fspath(path)
     if not path.endswith((".toml", ".json")):
@@ -387,7 +389,7 @@ def load_rules(path) -> RuleSet:
     else:
         data = parse_json(raw, path, RulesError)
     rs = rules_from_dict(data, path)
-    rs.check_covers()
+    rs.check_covers(sides)
     return rs
 
 

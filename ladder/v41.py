@@ -16,11 +16,9 @@ bound. The first divergence is the earliest failing (call, layer, point) in forw
 """
 from __future__ import annotations
 
-import json
 import os
 
 import torch
-from safetensors.torch import load_file
 
 from reference.v41.config import V41Args, V41ConfigError
 
@@ -41,29 +39,45 @@ class V41FixtureError(ValueError):
 
 
 def load_fixture(stem: str = DEFAULT_STEM):
-    """(manifest, recordings {call: {layer: {point: tensor}}}, weights {official name: tensor})."""
+    """(manifest, recordings {call: {layer: {point: tensor}}}, weights {official name: tensor}).
+
+    Both files go through the project's bounded readers (regular files only, reads capped at
+    MAX_FIXTURE, JSON nesting and numbers bounded, the safetensors framing checked before any
+    tensor is allocated); every structural problem raises V41FixtureError naming file and field."""
+    from reference.params import load_safetensors
+    from reference.safe_io import load_json
     paths = (stem + ".json", stem + ".safetensors")
     for p in paths:
-        if not os.path.isfile(p):
+        if not os.path.exists(p):
             raise V41FixtureError(f"{p}: no such fixture file")
-        if os.path.getsize(p) > MAX_FIXTURE:
-            raise V41FixtureError(f"{p}: {os.path.getsize(p)} bytes exceeds {MAX_FIXTURE}")
-    with open(paths[0]) as f:
-        man = json.load(f)
-    for field in ("model_args", "calls", "official"):
-        if field not in man:
-            raise V41FixtureError(f"{paths[0]}: manifest lacks field {field!r}")
-    raw = load_file(paths[1])
+    man = load_json(paths[0], MAX_FIXTURE, V41FixtureError, "V4.1 fixture manifest")
+    if not isinstance(man, dict):
+        raise V41FixtureError(f"{paths[0]}: manifest is a JSON {type(man).__name__}, "
+                              f"not an object")
+    for field, kind in (("model_args", dict), ("calls", list), ("official", dict)):
+        if not isinstance(man.get(field), kind):
+            raise V41FixtureError(f"{paths[0]}: manifest field {field!r} must be a JSON "
+                                  f"{'object' if kind is dict else 'array'} "
+                                  f"(got {type(man.get(field)).__name__})")
+    for i, c in enumerate(man["calls"]):
+        if not isinstance(c, dict) or not isinstance(c.get("key"), str):
+            raise V41FixtureError(f"{paths[0]}: calls[{i}] must be an object with a string "
+                                  f"'key'")
+    raw, _ = load_safetensors(paths[1], MAX_FIXTURE, error=V41FixtureError)
     weights = {k[2:]: v for k, v in raw.items() if k.startswith("w/")}
     rec = {}
     for k, v in raw.items():
         if k.startswith("w/"):
             continue
-        call, layer, point = k.split("/")
+        parts = k.split("/")
+        if len(parts) != 3 or not parts[1].startswith("L") or not parts[1][1:].isdigit():
+            raise V41FixtureError(f"{paths[1]}: tensor name {k!r} is neither 'w/NAME' nor "
+                                  f"'CALL/L<layer>/POINT'")
+        call, layer, point = parts
         rec.setdefault(call, {}).setdefault(int(layer[1:]), {})[point] = v
     try:
         V41Args.from_any(man["model_args"])
-    except V41ConfigError as e:
+    except (V41ConfigError, TypeError, ValueError) as e:
         raise V41FixtureError(f"{paths[0]}: model_args: {e}") from None
     missing = [c["key"] for c in man["calls"] if c["key"] not in rec]
     if missing:

@@ -21,14 +21,15 @@ import time
 
 import torch
 
-from .rules import V41_RULESET, load_rules
+from .rules import V41_RULESET, V41_SIDES, load_rules
 from .v41 import DEFAULT_STEM, V41FixtureError, compare, graph_vs_eager, load_fixture, run_side
 
 # dest -> option: what a needle v2 run reads and a V4.1 run has no use for
 NOT_FOR_V41 = {"preset": "--preset", "params": "--params", "cact": "--cact", "seed": "--seed",
                "prompt_len": "--prompt-len", "steps": "--steps", "window": "--window",
                "weights": "--weights", "bits_map": "--bits-map", "decode": "--decode",
-               "no_check_plain": "--no-check-plain", "fine": "--fine"}
+               "no_check_plain": "--no-check-plain", "fine": "--fine", "plant": "--plant",
+               "list_faults": "--list-faults", "max_memory": "--max-memory"}
 
 
 def refuse_other_options(args, argv, defaults) -> None:
@@ -50,7 +51,7 @@ def compare_run(args, out=print):
     from reference.v41.attn import AttnV41 as Ref
     torch.set_num_threads(1)       # tiny tensors: a second thread only adds contention
     t0 = time.perf_counter()
-    rules = load_rules(args.rules) if args.rules else V41_RULESET
+    rules = load_rules(args.rules, V41_SIDES) if args.rules else V41_RULESET
     stem = args.fixture or DEFAULT_STEM
     man, rec, w = load_fixture(stem)
     off, ma = man["official"], man["model_args"]

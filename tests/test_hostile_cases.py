@@ -24,8 +24,9 @@ from reference.params import ParamsError, init_params, load_params
 from reference.tokenizer import Tokenizer, TokenizerFormatError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CACT = os.path.join(ROOT, "tests", "fixtures", "cact_w2.cact")
-FIXTURE = os.path.join(ROOT, "tests", "fixtures", "v2_forward_vectors")
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+CACT = os.path.join(FIXTURES, "cact_w2.cact")
+FIXTURE = os.path.join(FIXTURES, "v2_forward_vectors")
 AS_LIMIT = 2 << 30
 
 

@@ -18,10 +18,12 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 SEED = 16
 AS_LIMIT = 2 << 30
 CPU_LIMIT = 90
-COUNTS = {"cact": 70, "params": 70, "rules": 80, "manifest": 50, "tokenizer": 80, "config": 80}
+COUNTS = {"cact": 70, "params": 70, "rules": 80, "manifest": 50, "tokenizer": 80, "config": 80,
+          "v41_fixture": 60}
 
 # Values that break naive readers: huge, negative, wrong type, non-finite, deep.
 HOSTILE = [0, -1, 1, 2 ** 31, 2 ** 32 - 1, 2 ** 63, 2 ** 70, 10 ** 30, 1e308, -1e308, 1e-320,
@@ -43,7 +45,7 @@ def _flip(rng, data: bytes, lo: int, hi: int, n: int) -> bytes:
 # ---------------------------------------------------------------- the mutations, per kind
 def cact_cases(rng, n):
     from reference.cact import DIRECTORY_AT
-    base = open(os.path.join(ROOT, "tests", "fixtures", "cact_w2.cact"), "rb").read()
+    base = open(os.path.join(FIXTURES, "cact_w2.cact"), "rb").read()
     for i in range(n):
         r = i % 4
         if r == 0:                               # a header field set to a hostile u32
@@ -128,7 +130,7 @@ def rules_cases(rng, n):
 
 
 def manifest_cases(rng, n):
-    base = json.load(open(os.path.join(ROOT, "tests", "fixtures", "v2_forward_vectors.json")))
+    base = json.load(open(os.path.join(FIXTURES, "v2_forward_vectors.json")))
     for i in range(n):
         m = json.loads(json.dumps(base))
         spot = rng.choice(["top", "schedule", "config", "params"])
@@ -184,11 +186,36 @@ def config_cases(rng, n):
         yield text
 
 
+def v41_fixture_cases(rng, n):
+    """(manifest bytes, safetensors bytes) of the V4.1 fixture, one of the two made hostile."""
+    stem = os.path.join(FIXTURES, "attn_v41_official")
+    man = json.load(open(stem + ".json"))
+    st = open(stem + ".safetensors", "rb").read()
+    hlen = struct.unpack_from("<Q", st)[0]
+    for i in range(n):
+        r = i % 4
+        if r == 0:                               # a manifest field made hostile
+            m = json.loads(json.dumps(man))
+            spot = rng.choice(["top", "model_args", "official", "call"])
+            d = m if spot == "top" else m["calls"][rng.randrange(len(m["calls"]))] \
+                if spot == "call" else m[spot]
+            d[rng.choice(sorted(d))] = _hostile(rng)
+            yield json.dumps(m).encode(), st
+        elif r == 1:                             # random bytes in the manifest
+            raw = json.dumps(man).encode()
+            yield _flip(rng, raw, 0, len(raw), rng.randrange(1, 8)), st
+        elif r == 2:                             # random bytes in the safetensors header
+            yield json.dumps(man).encode(), _flip(rng, st, 0, 8 + hlen, rng.randrange(1, 8))
+        else:                                    # truncated safetensors
+            yield json.dumps(man).encode(), st[:rng.randrange(len(st))]
+
+
 # ---------------------------------------------------------------- the child
 def child(tmp: str) -> dict:
     import torch
     from ladder import fixtures
     from ladder.rules import RulesError, load_rules
+    from ladder.v41 import V41FixtureError
     from reference.cact import CactFormatError, parse_cact
     from reference.config import ConfigError, V2Config
     from reference.memory_budget import check_memory
@@ -197,7 +224,7 @@ def child(tmp: str) -> dict:
     torch.set_num_threads(1)
     rng = random.Random(SEED)
     budget = 256 << 20
-    fx = os.path.join(ROOT, "tests", "fixtures", "v2_forward_vectors")
+    fx = os.path.join(FIXTURES, "v2_forward_vectors")
     os.symlink(fx + ".safetensors", os.path.join(tmp, "fx.safetensors"))
 
     def write(name, data):
@@ -230,6 +257,12 @@ def child(tmp: str) -> dict:
         f = fixtures.load(os.path.join(tmp, "fx"), budget)
         assert 0 <= f.window <= f.cfg.max_seq_len and len(f.tokens) <= f.cfg.max_seq_len
 
+    def v41_ok(pair):
+        from ladder.v41 import load_fixture
+        write("v41.json", pair[0])
+        write("v41.safetensors", pair[1])
+        load_fixture(os.path.join(tmp, "v41"))
+
     def tok(blob):
         t = Tokenizer.from_blob(blob)
         t.decode(t.encode("ab a<|im_start|>b \u00e9 <think>x</think>"))   # must terminate
@@ -241,6 +274,7 @@ def child(tmp: str) -> dict:
         "manifest": (manifest_ok, fixtures.FixtureError, manifest_cases(rng, COUNTS["manifest"])),
         "tokenizer": (tok, TokenizerFormatError, tokenizer_cases(rng, COUNTS["tokenizer"])),
         "config": (cfg_from_json, ConfigError, config_cases(rng, COUNTS["config"])),
+        "v41_fixture": (v41_ok, V41FixtureError, v41_fixture_cases(rng, COUNTS["v41_fixture"])),
     }
     report = {}
     for kind, (read, errors, cases) in kinds.items():

@@ -124,7 +124,7 @@ def test_rules_file_is_honoured(tmp_path, capsys):
     other = tmp_path / "v2.json"
     other.write_text(json.dumps({"rules": [{"pattern": "port/*", "rtol": 3e-5}]}))
     assert run("run", "--model", "attn_v41", "--rules", str(other), "--fixture", stem)[0] == 2
-    assert "no tolerance rule matches 'v41_official/L00.qr'" in capsys.readouterr().err
+    assert "no rule covers every v41_official/ point" in capsys.readouterr().err
 
 
 def _first_recorded(point, layers=range(8)):
@@ -201,7 +201,7 @@ def test_report_writes_md_csv_html_with_plot(tmp_path):
 def test_exact_rule_kind(tmp_path):
     """The exact rule (index tensors): equal in their own dtype passes, any one difference
     fails at its position, it allows no tolerance, and it survives a TOML round trip."""
-    from ladder.rules import V41_RULESET, Rule, RulesError, dump_rules, load_rules
+    from ladder.rules import V41_RULESET, V41_SIDES, Rule, RulesError, dump_rules, load_rules
     rule = V41_RULESET.for_point("v41_port/L03.topk_idxs")
     assert rule.exact and rule.describe() == "exact (torch.equal)"
     a = torch.tensor([[3, 4, -1], [5, 6, 7]])
@@ -217,16 +217,17 @@ def test_exact_rule_kind(tmp_path):
     path = tmp_path / "v41.toml"
     path.write_text(dump_rules(V41_RULESET))
     assert "exact = true" in path.read_text()
-    assert load_rules(str(path)).rules == V41_RULESET.rules
+    assert load_rules(str(path), V41_SIDES).rules == V41_RULESET.rules
 
 
 def test_rules_command_prints_the_v41_rules(tmp_path):
     """`ladder rules --model attn_v41` prints V41_RULES as a file --rules reads back unchanged
     (a starting point for a V4.1 rules file); the default is still needle v2's."""
-    from ladder.rules import DEFAULT_RULES, V41_RULESET, load_rules
-    for model, want in (("attn_v41", V41_RULESET), ("needle_v2", DEFAULT_RULES)):
+    from ladder.rules import COMPARED_SIDES, DEFAULT_RULES, V41_RULESET, V41_SIDES, load_rules
+    for model, want, sides in (("attn_v41", V41_RULESET, V41_SIDES),
+                               ("needle_v2", DEFAULT_RULES, COMPARED_SIDES)):
         rc, text = run("rules", "--model", model)
         assert rc == 0
         path = tmp_path / f"{model}.toml"
         path.write_text(text + "\n")
-        assert load_rules(str(path)).rules == want.rules
+        assert load_rules(str(path), sides).rules == want.rules

@@ -45,7 +45,7 @@ def _in(target, *argv, cwd):
 
 def test_install_ships_every_file_the_native_build_reads(installed):
     shipped = installed / "kernels" / "native"
-    for path in native.SOURCES + [native.HEADER]:
+    for path in native.SOURCES + native.HEADERS:
         assert (shipped / os.path.basename(path)).is_file(), path
 
 
@@ -62,10 +62,9 @@ def test_installed_copy_runs_the_native_ladder(installed, tmp_path):
 
 def test_missing_source_file_makes_native_unavailable_with_the_reason(monkeypatch, tmp_path):
     gone = str(tmp_path / "native.h")
-    monkeypatch.setattr(native, "HEADER", gone)
+    monkeypatch.setattr(native, "HEADERS", [gone] + native.HEADERS[1:])
     # no library loaded yet, so it is built anew (one cached library, or one per fault set)
-    monkeypatch.setattr(native, "_lib", None, raising=False)
-    monkeypatch.setattr(native, "_libs", {}, raising=False)
+    monkeypatch.setattr(native, "_libs", {})
     reason = native.unavailable_reason()
     assert reason is not None and gone in reason and "reinstall" in reason
     assert native.available() is False
