@@ -55,10 +55,12 @@ def load_fixture(stem: str = DEFAULT_STEM):
         raise V41FixtureError(f"{paths[0]}: manifest is a JSON {type(man).__name__}, "
                               f"not an object")
     for field, kind in (("model_args", dict), ("calls", list), ("official", dict)):
-        if not isinstance(man.get(field), kind):
+        if field not in man:
+            raise V41FixtureError(f"{paths[0]}: manifest lacks field {field!r}")
+        if not isinstance(man[field], kind):
             raise V41FixtureError(f"{paths[0]}: manifest field {field!r} must be a JSON "
                                   f"{'object' if kind is dict else 'array'} "
-                                  f"(got {type(man.get(field)).__name__})")
+                                  f"(got {type(man[field]).__name__})")
     for i, c in enumerate(man["calls"]):
         if not isinstance(c, dict) or not isinstance(c.get("key"), str):
             raise V41FixtureError(f"{paths[0]}: calls[{i}] must be an object with a string "
