@@ -15,12 +15,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("reference", "port", "kernels", "ladder")
 
 
-def _native_inputs() -> list:
-    """Every file the native build reads: its C sources and header(s)."""
-    headers = getattr(native, "HEADERS", None) or [native.HEADER]
-    return list(native.SOURCES) + list(headers)
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """`pip install --no-deps --target DIR` of a copy of the source (pip builds in the source
@@ -51,7 +45,7 @@ def _in(target, *argv, cwd):
 
 def test_install_ships_every_file_the_native_build_reads(installed):
     shipped = installed / "kernels" / "native"
-    for path in _native_inputs():
+    for path in native.SOURCES + [native.HEADER]:
         assert (shipped / os.path.basename(path)).is_file(), path
 
 
@@ -68,10 +62,7 @@ def test_installed_copy_runs_the_native_ladder(installed, tmp_path):
 
 def test_missing_source_file_makes_native_unavailable_with_the_reason(monkeypatch, tmp_path):
     gone = str(tmp_path / "native.h")
-    if hasattr(native, "HEADERS"):
-        monkeypatch.setattr(native, "HEADERS", [gone] + list(native.HEADERS[1:]))
-    else:
-        monkeypatch.setattr(native, "HEADER", gone)
+    monkeypatch.setattr(native, "HEADER", gone)
     # no library loaded yet, so it is built anew (one cached library, or one per fault set)
     monkeypatch.setattr(native, "_lib", None, raising=False)
     monkeypatch.setattr(native, "_libs", {}, raising=False)
