@@ -159,7 +159,8 @@ def _report_flags(args) -> None:
             (os.altsep and os.altsep in args.stem):
         _fail(f"--stem {args.stem!r}: must be a plain file name (the report is written as "
               f"--out/STEM.md, .csv, .html)")
-    if args.plot == "png" and importlib.util.find_spec("matplotlib") is None:
+    from .plot import have_matplotlib       # the test `--plot auto` decides by, too
+    if args.plot == "png" and not have_matplotlib():
         _fail("--plot png needs matplotlib, which is not installed: pip install "
               "'needle-parity[plot]', or use --plot svg (no dependency)")
 
