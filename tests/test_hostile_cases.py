@@ -142,6 +142,14 @@ def test_cact_window_wider_than_the_kv_budget_is_refused(tmp_path):
         read_cact(path)
     assert read_cact(_patched_cact(tmp_path, b44=2 * 10 ** 6, b12=40736)).config.kv_window \
         == 40736
+    # The same geometry from a parameter file's metadata: the same rule.
+    cfg = V2Config.preset("tiny")
+    meta = dict(cfg.to_dict(), max_seq_len=2 * 10 ** 6, kv_window=2 * 10 ** 6)
+    save_file(init_params(cfg, 0), str(tmp_path / "p.safetensors"),
+              metadata={"needle_config": json.dumps(meta)})
+    with pytest.raises(MemoryBudgetError, match=r"kv_window=2000000 exceeds the KV budget of "
+                                                r"[0-9]+ positions"):
+        load_params(tmp_path / "p.safetensors")
 
 
 def test_engram_dilation_1e7_is_refused_in_cact_and_params(tmp_path):
