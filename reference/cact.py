@@ -204,8 +204,9 @@ def build_cact(params: dict, cfg: V2Config, bits_map: str = "embedding=4,mhc=4,d
                               values=_to_fp16(tensors[spec.name], spec.name)))
     window = cfg.kv_window if kv_window is None else int(kv_window)
     header = {"kv_window": window, "kv_bits": int(cfg.kv_bits or 8)}
-    if not 0 <= window < 2 ** 32:
-        raise ValueError(f"kv_window={window} must be in 0..2**32-1 (a u32 header field)")
+    if not 0 <= window <= cfg.kv_budget:
+        raise ValueError(f"kv_window={window} must be in 0..{cfg.kv_budget} (the KV budget: "
+                         f"upstream's export writes min(budget, kv_window))")
     if header["kv_bits"] not in (2, 3, 4, 8):
         raise ValueError(f"kv_bits={cfg.kv_bits} must be 8 (int8) or 2, 3, 4")
     return CactFile(cfg.replace(kv_window=window, kv_bits=header["kv_bits"]), slots, header, tok)

@@ -112,6 +112,12 @@ def check_header(data: bytes, where: str):
     except ConfigError as e:
         _fail(where, f"header geometry (bytes 0..{_HEADER.size}) is not a valid needle v2 "
                      f"config: {e}")
+    if h["kv_window"] > cfg.kv_budget:
+        # Upstream's export writes min(budget, kv_window) (spec §a.2); a wider window is no
+        # file it makes, and the ring and every step's attention would scale with it.
+        bad("kv_window", f"exceeds the KV budget of {cfg.kv_budget} positions (11.5 MiB at "
+                         f"{cfg.kv_bytes_per_pos} bytes per position, at least 160, at most "
+                         f"max_seq_len)")
     return h, cfg, n, bool(tokenized)
 
 

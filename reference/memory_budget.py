@@ -5,7 +5,9 @@ position up to `max_seq_len`, a full-causal KV ring holds `max_seq_len` slots pe
 Engram value ring reaches (taps - 1) * dilation positions back, and the parameter tensors follow
 vocab_size, d_model, engram_slots... A 94 KB file can declare tens of gigabytes. `check_memory`
 adds up those allocations (float32, one copy of each) and refuses a geometry whose total exceeds
-the budget, naming the largest term, its field and value.
+the budget, naming the largest term, its field and value. It also refuses a kv_window wider
+than the KV budget (spec §a.2), which upstream never decodes with and which makes every step's
+attention span the whole window.
 
 The budget is DEFAULT_MAX_MEMORY unless the caller passes one (`--max-memory` in the CLIs). The
 estimate is of one model's tables; a ladder run holds the parameters a few times over (the
@@ -86,6 +88,13 @@ def check_memory(cfg: V2Config, budget: int | None = None, where: str = "config"
     """Total implied bytes, or `error` naming the largest term when the total exceeds `budget`
     (DEFAULT_MAX_MEMORY when None). `offsets` maps a field to its byte offset in the file."""
     budget = DEFAULT_MAX_MEMORY if budget is None else int(budget)
+    if cfg.kv_window > cfg.kv_budget:
+        # Not a budget question: upstream decodes with min(kv_budget, kv_window) (spec §a.2),
+        # and the port's ring and each step's attention span the whole window.
+        raise error(f"{where}: kv_window={cfg.kv_window} exceeds the KV budget of "
+                    f"{cfg.kv_budget} positions (11.5 MiB at {cfg.kv_bytes_per_pos} bytes per "
+                    f"position, at least 160, at most max_seq_len); upstream would decode "
+                    f"with {cfg.effective_kv_window}")
     terms = implied_bytes(cfg)
     total = sum(b for b, _, _ in terms.values())
     if total <= budget:

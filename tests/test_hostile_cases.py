@@ -134,6 +134,25 @@ def test_huge_max_seq_len_cact_header_is_refused_by_the_budget(tmp_path):
     assert f.config.max_seq_len == 2 ** 26
 
 
+def test_cact_window_wider_than_the_kv_budget_is_refused(tmp_path):
+    # max_seq_len = kv_window = 2e6: under the memory budget, but the ring and every step's
+    # attention would span 2e6 slots; upstream's export never writes more than the KV budget.
+    path = _patched_cact(tmp_path, b44=2 * 10 ** 6, b12=2 * 10 ** 6)
+    with pytest.raises(CactFormatError, match=r"header field kv_window=2000000 at byte 12 "
+                                              r"exceeds the KV budget of 40736 positions"):
+        read_cact(path)
+    assert read_cact(_patched_cact(tmp_path, b44=2 * 10 ** 6, b12=40736)).config.kv_window \
+        == 40736
+    # The same geometry from a parameter file's metadata: the same rule.
+    cfg = V2Config.preset("tiny")
+    meta = dict(cfg.to_dict(), max_seq_len=2 * 10 ** 6, kv_window=2 * 10 ** 6)
+    save_file(init_params(cfg, 0), str(tmp_path / "p.safetensors"),
+              metadata={"needle_config": json.dumps(meta)})
+    with pytest.raises(MemoryBudgetError, match=r"kv_window=2000000 exceeds the KV budget of "
+                                                r"[0-9]+ positions"):
+        load_params(tmp_path / "p.safetensors")
+
+
 def test_engram_dilation_1e7_is_refused_in_cact_and_params(tmp_path):
     path = _patched_cact(tmp_path, b72=10 ** 7, b84=10 ** 7)     # dilation = engram_orders[1]
     with pytest.raises(CactFormatError, match=r"engram_orders\[1\]=10000000 outside 1\.\.64"):

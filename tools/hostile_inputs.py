@@ -118,6 +118,8 @@ def cases(tmp) -> list:
         tmp, "dil", cfg_change={"engram_orders": [2, 10 ** 7]})]))
     c.append(("cact max_seq_len=kv_window=2e6", cact("win", max_seq_len=2 * 10 ** 6,
                                                      kv_window=2 * 10 ** 6)))
+    c.append(("params max_seq_len=kv_window=2e6", LADDER + ["--params", params_file(
+        tmp, "win", cfg_change={"max_seq_len": 2 * 10 ** 6, "kv_window": 2 * 10 ** 6})]))
     c.append(("cact max_seq_len=10^8", cact("seq8", max_seq_len=10 ** 8)))
     c.append(("cact -> /dev/zero", LADDER + ["--cact", link(tmp, "zero.cact", "/dev/zero")]))
     c.append(("cact -> /dev/urandom", LADDER + ["--cact", link(tmp, "rnd.cact", "/dev/urandom")]))
