@@ -112,11 +112,12 @@ class DecodeGraph:
         return self.state.logits
 
     def _capture(self):
-        self.graph = capture_without_advancing(self.state, self.body, _cuda_capture)
+        self.graph, _ = capture_without_advancing(self.state, self.body, cuda_capture)
 
 
-def _cuda_capture(body):
-    """Warm up on a side stream (allocator, kernels), then capture one run of `body`."""
+def cuda_capture(body):
+    """(CUDAGraph, body's outputs): `body` warmed up on a side stream (allocator, kernels),
+    then captured once. Shared by both models' graphs (port/v41/graph.py too)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -124,12 +125,12 @@ def _cuda_capture(body):
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        body()
-    return graph
+        outs = body()
+    return graph, outs
 
 
 def capture_without_advancing(state, body, capture):
-    """capture(body) -> graph, with every tensor of `state` put back afterwards: warm-up and
+    """capture(body) -> what it returns, with every tensor of `state` put back afterwards: warm-up and
     capture both run the body (each writes the ring, lanes, logits), yet the step being
     captured must advance the state once, when the graph is replayed. Device-free, so the
     restore is tested on CPU with a stand-in for `capture`."""

@@ -130,8 +130,8 @@ def test_capture_puts_the_state_back_before_the_first_replay(models, monkeypatch
         for _ in range(2):
             body()
             runs.append(any(not torch.equal(getattr(b, n), before[n]) for n in STATE))
-        return "captured"
-    monkeypatch.setattr(port.graph, "_cuda_capture", stand_in)
+        return "captured", None
+    monkeypatch.setattr(port.graph, "cuda_capture", stand_in)
     g._capture()
     assert g.graph == "captured" and runs == [True, True]    # the body did write the state
     for n in STATE:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import BodyRecorder, HostSyncError  # noqa: F401  (HostSyncError: re-exported)
+from ..graph import BodyRecorder, HostSyncError, cuda_capture  # noqa: F401  (HostSyncError: re-exported)
 
 
 class DecodeGraphsV41:
@@ -59,7 +59,9 @@ class DecodeGraphsV41:
 
     def _graph(self, key, body):
         if key not in self.graphs:
-            self.graphs[key] = capture(body)
+            # the warm-up writes what the replay will write (same ring slots, same rows), so
+            # unlike the v2 graph nothing needs restoring afterwards
+            self.graphs[key] = cuda_capture(body)
             self.captures += 1
         g, outs = self.graphs[key]
         g.replay()
@@ -98,20 +100,6 @@ class DecodeGraphsV41:
                                 rows_b if s.args.role(layer).ratio else None)
             out[j:j + 1].copy_(res["out"])
         return out
-
-
-def capture(body):
-    """(CUDAGraph, body's outputs): `body` warmed up on a side stream (allocator, kernels),
-    then captured. The warm-up writes what the replay will write, so it needs no undoing."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        outs = body()
-    return g, outs
 
 
 def record_body_ops(stack, layer, x, start_pos):
