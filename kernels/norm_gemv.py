@@ -111,9 +111,10 @@ if triton is not None:
     def _normed(x_ptr, g_ptr, k, K, C, sx0, sx1, ms, KIND_ZC: tl.constexpr):
         x = _load_flat(x_ptr, k, K, C, sx0, sx1)
         if KIND_ZC:
-            g = tl.load(g_ptr + k, mask=k < K, other=0.0)
-            return (1.0 + g) * x / tl.sqrt(ms)
-        return x * (1.0 / tl.sqrt(ms))
+            x = (1.0 + tl.load(g_ptr + k, mask=k < K, other=0.0)) * x / tl.sqrt(ms)
+        else:
+            x = x * (1.0 / tl.sqrt(ms))
+        return x
 
     @triton.jit
     def _mean_square(x_ptr, K, C, sx0, sx1, eps, BLOCK_K: tl.constexpr):
