@@ -111,9 +111,10 @@ if triton is not None:
     def _normed(x_ptr, g_ptr, k, K, C, sx0, sx1, ms, KIND_ZC: tl.constexpr):
         x = _load_flat(x_ptr, k, K, C, sx0, sx1)
         if KIND_ZC:
-            g = tl.load(g_ptr + k, mask=k < K, other=0.0)
-            return (1.0 + g) * x / tl.sqrt(ms)
-        return x * (1.0 / tl.sqrt(ms))
+            x = (1.0 + tl.load(g_ptr + k, mask=k < K, other=0.0)) * x / tl.sqrt(ms)
+        else:
+            x = x * (1.0 / tl.sqrt(ms))
+        return x
 
     @triton.jit
     def _mean_square(x_ptr, K, C, sx0, sx1, eps, BLOCK_K: tl.constexpr):
@@ -192,7 +193,7 @@ def norm_gemv_triton(x, gain, w_t, kind: str, rotate: bool = False, eps: float =
     _check_dense(K, w_t, rotate)
     N = w_t.shape[1]
     y = torch.empty(N, dtype=torch.float32, device=x.device)
-    _norm_gemv_kernel[(triton.cdiv(N, block_n),)](
+    _norm_gemv_kernel[(triton.cdiv(N, block_n),)](       # kind "unit" never reads the gain
         rows, gain if gain is not None else rows, w_t, y, K, rows.shape[1], rows.stride(0),
         rows.stride(1), w_t.shape[0], N, w_t.stride(0), w_t.stride(1), eps,
         1.0 / math.sqrt(GROUP), KIND_ZC=kind == "zc", ROTATE=rotate, BLOCK_N=block_n,
@@ -206,7 +207,7 @@ def norm_cq_gemv_triton(x, gain, kind, packed, norms, levels, bits: int, eps: fl
     _check_norm(x, gain, kind)
     rows = _as_rows(x)
     k_pad = _k_pad(rows.numel(), packed, bits)
-    _check_cq(packed, norms, levels, bits, torch.empty(k_pad, device="meta"))
+    _check_cq(packed, norms, levels, bits, torch.empty(k_pad, device="meta"))  # shapes only
     out = packed.shape[0]
     y = torch.empty(out, dtype=torch.float32, device=x.device)
     _norm_cq_gemv_kernel[(triton.cdiv(out, block_rows),)](

@@ -306,7 +306,7 @@ KERNEL_RULES = {
     # "<kernel>/triton_vs_twin" between the two; one bound per kernel, from the twin's own
     # float32 error (tests/test_kernels_<kernel>.py, seeded tiny shapes).
     "mhc_route/*": Rule(1e-6, why="two sigmoids, a d-long lane mix and 20 log-domain Sinkhorn "
-                                  "iterations in f32 vs float64: the twin measured <= 1.2e-7 "
+                                  "iterations in f32 vs float64: the twin measured <= 1.3e-7 "
                                   "of max|ref|, the kernel alike (other exp/log ulps)"),
     "norm_gemv/*": Rule(2e-6, why="an RMS over K <= 2048, a 128-point rotation and a K-long "
                                   "f32 dot vs float64: the twin measured <= 3e-7 of max|y|, "
@@ -317,6 +317,8 @@ KERNEL_RULES = {
     "qk_rope_ring/*": Rule(1e-6, why="a ZC norm over one head (hd <= 128), a RoPE rotation and "
                                      "a sigmoid vs float64: measured <= 1e-7 of max|ref| (twin "
                                      "and kernel)"),
+    "layer_tail/*": Rule(1e-6, why="two ZC norms, the Hadamard MLP, an n-term lane merge in f32 "
+                                   "vs float64: measured <= 1.3e-7 of max|X'|"),
 }
 
 

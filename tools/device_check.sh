@@ -28,6 +28,7 @@ from kernels.norm_gemv import (norm_gemv_torch, norm_gemv_triton, norm_cq_gemv_t
                                norm_cq_gemv_triton)
 from kernels.hadamard_mlp import hadamard_mlp_torch, hadamard_mlp_triton
 from kernels.qk_rope_ring import qk_rope_ring_torch, qk_rope_ring_triton
+from kernels.layer_tail import layer_tail_torch, layer_tail_triton
 dev = "cuda"
 g = torch.Generator(device=dev).manual_seed(0)
 rnd = lambda *s: torch.randn(*s, device=dev, generator=g)
@@ -63,6 +64,9 @@ cases = [  # name, twin, kernel, args
     ("hadamard_mlp d=512", hadamard_mlp_torch, hadamard_mlp_triton,
      (rnd(d), rnd(d), rnd(d), rnd(d), rnd(d))),
     ("qk_rope_ring H=8 KV=4 hd=64", qk_rope_ring_torch, qk_rope_ring_triton, prelude),
+    ("layer_tail n=4 d=512", layer_tail_torch, layer_tail_triton,
+     (rnd(d), rnd(d), rnd(d), lanes, torch.softmax(rnd(n, n), 0), rnd(n), rnd(d), scal(0.7),
+      rnd(d), rnd(d), rnd(d), rnd(d))),
 ]
 print(f"{'fused kernel (one decode token)':32s} {'twin us':>9s} {'triton us':>10s} {'ratio':>7s}")
 for name, twin, kern, args in cases:

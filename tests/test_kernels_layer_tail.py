@@ -1,0 +1,60 @@
+"""layer_tail: attention residual, Hadamard MLP and the mHC merge in one launch. Twin and Triton
+kernel against float64, the kernel against the twin."""
+import math
+
+import pytest
+import torch
+
+from kernels.layer_tail import LayerTailError, layer_tail_torch, layer_tail_triton, triton
+from ladder.rules import KERNEL_RULES, rule_for
+from tests.test_kernels_hadamard_mlp import float64_mlp
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def case(n, d, hada_n, seed, expand=False):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)                        # noqa: E731
+    X = r(1, d).expand(n, d) if expand else r(n, d)
+    args = [r(d) * 3, r(d), r(d), X, torch.softmax(r(n, n), 0), 2 * torch.sigmoid(r(n)),
+            0.2 * r(d), torch.tensor(0.7), 0.2 * r(d), *(1 + 0.3 * r(hada_n) for _ in range(3))]
+    return [t.to(DEV) for t in args]
+
+
+def float64_tail(a, bx, u, X, P, hpost, post, attn_gate, pre_hada, d1, d2, d3, eps=1e-6):
+    a, bx, u, X, P, hpost, post, ag = (t.cpu().double()
+                                       for t in (a, bx, u, X, P, hpost, post, attn_gate))
+    z = bx + ag * (1 + post) * a / math.sqrt(float((a * a).mean()) + eps)
+    y = z + float64_mlp(z, pre_hada, d1, d2, d3, eps) - u
+    return P @ X + hpost[:, None] * y[None, :]
+
+
+IMPLS = [("twin", layer_tail_torch), pytest.param(
+    "triton", layer_tail_triton, marks=pytest.mark.skipif(triton is None, reason="no Triton"))]
+
+
+@pytest.mark.parametrize("name,impl", IMPLS)
+@pytest.mark.parametrize("n,d,hada_n,expand", [(4, 48, 64, False), (4, 40, 64, True),
+                                               (3, 100, 128, False)])
+def test_against_float64(name, impl, n, d, hada_n, expand):
+    args = case(n, d, hada_n, seed=n + d, expand=expand)
+    got = impl(*args)
+    assert got.device == args[0].device and got.shape == (n, d)
+    assert rule_for(f"layer_tail/{name}", KERNEL_RULES).check(got.cpu(), float64_tail(*args))
+
+
+@pytest.mark.skipif(triton is None, reason="no Triton")
+def test_triton_matches_twin():
+    args = case(4, 200, 256, seed=8)
+    assert rule_for("layer_tail/triton_vs_twin", KERNEL_RULES).check(
+        layer_tail_triton(*args).cpu(), layer_tail_torch(*args).cpu())
+
+
+def test_bad_inputs_named():
+    args = case(4, 48, 64, seed=0)
+    with pytest.raises(LayerTailError, match=r"P must be float32 \[4, 4\]"):
+        layer_tail_torch(*args[:4], args[4][:3], *args[5:])
+    with pytest.raises(LayerTailError, match=r"X must be float32 \[n, d=48\]"):
+        layer_tail_torch(*args[:3], args[3][:, :40], *args[4:])
+    with pytest.raises(LayerTailError, match=r"attn_gate must be float32 \[\]"):
+        layer_tail_torch(*args[:7], args[7][None], *args[8:])
