@@ -66,6 +66,19 @@ def cq_gemv_torch(packed, norms, levels, bits: int, xr):
 
 if triton is not None:
     @triton.jit
+    def group_codes(p_ptr, r, rmask, row_bytes, g, BITS: tl.constexpr, G: tl.constexpr):
+        """[BLOCK_R, G] int32 codes of group g of rows r: each code from at most two bytes
+        (the second byte masked off past the row's end). Shared with kernels/norm_gemv.py."""
+        off = (g * G + tl.arange(0, G)) * BITS
+        byte, shift = off >> 3, off & 7
+        m2 = rmask[:, None] & (byte[None, :] + 1 < row_bytes)
+        lo = tl.load(p_ptr + r[:, None] * row_bytes + byte[None, :], mask=rmask[:, None],
+                     other=0).to(tl.int32)
+        hi = tl.load(p_ptr + r[:, None] * row_bytes + byte[None, :] + 1, mask=m2,
+                     other=0).to(tl.int32)
+        return ((lo | (hi << 8)) >> shift[None, :]) & ((1 << BITS) - 1)
+
+    @triton.jit
     def _cq_gemv_kernel(p_ptr, n_ptr, l_ptr, x_ptr, y_ptr, out, row_bytes, groups,
                         BITS: tl.constexpr, BLOCK_R: tl.constexpr, G: tl.constexpr):
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -73,15 +86,7 @@ if triton is not None:
         k = tl.arange(0, G)
         acc = tl.zeros((BLOCK_R,), tl.float32)
         for g in range(0, groups):
-            off = (g * G + k) * BITS
-            byte, shift = off >> 3, off & 7
-            m2 = rmask[:, None] & (byte[None, :] + 1 < row_bytes)
-            lo = tl.load(p_ptr + r[:, None] * row_bytes + byte[None, :], mask=rmask[:, None],
-                         other=0).to(tl.int32)
-            hi = tl.load(p_ptr + r[:, None] * row_bytes + byte[None, :] + 1, mask=m2,
-                         other=0).to(tl.int32)
-            code = ((lo | (hi << 8)) >> shift[None, :]) & ((1 << BITS) - 1)
-            lev = tl.load(l_ptr + code)
+            lev = tl.load(l_ptr + group_codes(p_ptr, r, rmask, row_bytes, g, BITS, G))
             xg = tl.load(x_ptr + g * G + k)
             dot = tl.sum(lev * xg[None, :], axis=1)
             nrm = tl.load(n_ptr + r * groups + g, mask=rmask, other=0.0).to(tl.float32)

@@ -31,6 +31,7 @@ KINDS = ("zc", "unit")
 try:
     import triton
     import triton.language as tl
+    from .cq_gemv import group_codes
 except ImportError:                        # pragma: no cover
     triton = None
 
@@ -165,14 +166,7 @@ if triton is not None:
         for g in range(0, groups):
             xr = _rotate128(_normed(x_ptr, g_ptr, g * G + kk, K, C, sx0, sx1, ms, KIND_ZC),
                             scale, G)
-            off = (g * G + kk) * BITS
-            byte, shift = off >> 3, off & 7
-            m2 = rmask[:, None] & (byte[None, :] + 1 < row_bytes)
-            lo = tl.load(p_ptr + r[:, None] * row_bytes + byte[None, :], mask=rmask[:, None],
-                         other=0).to(tl.int32)
-            hi = tl.load(p_ptr + r[:, None] * row_bytes + byte[None, :] + 1, mask=m2,
-                         other=0).to(tl.int32)
-            code = ((lo | (hi << 8)) >> shift[None, :]) & ((1 << BITS) - 1)
+            code = group_codes(p_ptr, r, rmask, row_bytes, g, BITS, G)
             dot = tl.sum(tl.load(l_ptr + code) * xr[None, :], axis=1)
             nrm = tl.load(n_ptr + r * groups + g, mask=rmask, other=0.0).to(tl.float32)
             acc += nrm * dot
