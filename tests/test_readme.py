@@ -7,6 +7,8 @@ import io
 import os
 import re
 import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -78,6 +80,13 @@ def test_shell_commands_exist_and_their_flags_parse(tmp_path, monkeypatch):
         elif argv[:2] == ["python", "tools/bench_decode.py"]:
             args = bench.parser().parse_args(argv[2:])
             assert bench.check_args(args) is None, argv
+        elif argv[0] == "python" and argv[1].startswith("tools/"):
+            # any other tool: it exists, and every flag the README gives is in its --help
+            res = subprocess.run([sys.executable, os.path.join(ROOT, argv[1]), "--help"],
+                                 capture_output=True, text=True, timeout=120,
+                                 env=dict(os.environ, PYTHONPATH=ROOT))
+            assert res.returncode == 0, (argv, res.stderr[-2000:])
+            assert all(f in res.stdout for f in argv[2:] if f.startswith("--")), argv
         elif argv[:3] == ["python", "-m", "pytest"]:
             with open(os.path.join(ROOT, ".ci", "run")) as f:
                 assert f.read().strip().splitlines()[-1] == " ".join(argv)   # CI runs it
