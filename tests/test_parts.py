@@ -84,3 +84,36 @@ def test_a_model_rebuilt_from_its_parts_steps_bit_for_bit(models, tiny_cfg, weig
     a, b = model.make_state(), again.make_state()
     for t in (5, 17, 3, 250):
         assert torch.equal(model.step(t, a), again.step(t, b))
+
+
+@pytest.fixture(scope="module")
+def packed_parts(tiny_cfg, tiny_params):
+    """A packed model's parts (codes as stored), built as from_cactfile builds them for the C
+    step, without binding them to the C library."""
+    from port.cq import CqWeight
+    from port.parts import pack_parts, parts_from_weights
+    from port.weights import prepare_weights
+    from reference import cact
+    f = cact.build_cact(tiny_params, tiny_cfg)
+    cqw = {s.name: CqWeight.from_slot(s, "packed") for s in f.slots if s.dtype == cact.DTYPE_CQ}
+    w = prepare_weights(f.params, tiny_cfg, None, "cpu")
+    return pack_parts(parts_from_weights(w, tiny_cfg), cqw, tiny_cfg)
+
+
+def test_packed_codes_of_the_wrong_shape_are_named(tiny_cfg, packed_parts):
+    embedding, layers, mhc, engrams, final_norm = packed_parts
+    codes = dict(layers[1].codes, q_proj=layers[1].codes["k_proj"])      # [kv, d] for [attn, d]
+    wrong = list(layers)
+    wrong[1] = dataclasses.replace(layers[1], codes=codes)
+    with pytest.raises(PartError, match=rf"^layers\[1\]\.codes\[q_proj\]: expected codes "
+                                        rf"\[{tiny_cfg.attn_dim_eff}, {tiny_cfg.d_model}\], "
+                                        rf"given \[{tiny_cfg.kv_dim}, {tiny_cfg.d_model}\]"):
+        V2Model.new(tiny_cfg, embedding, wrong, mhc, engrams, final_norm, backend="native")
+    with pytest.raises(PartError, match=r"^embedding\.codes: expected codes"):
+        V2Model.new(tiny_cfg, dataclasses.replace(embedding, codes=mhc.codes["pre"]), layers,
+                    mhc, engrams, final_norm, backend="native")
+
+
+def test_packed_codes_run_on_the_native_backend_only(tiny_cfg, packed_parts):
+    with pytest.raises(PartError, match="backend='native' only"):
+        V2Model.new(tiny_cfg, *packed_parts, backend="torch")
