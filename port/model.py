@@ -387,7 +387,7 @@ class V2Model:
         return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
 
     # ---- entry points kept in their own modules: injection, batches, heads ----
-    def step_layer(self, i: int, lanes, state: V2State, pos: int, engram=None, trace=None):
+    def step_layer(self, i: int, lanes, state: V2State, pos: int, *, engram=None, trace=None):
         """Injection: layer `i` alone at `pos` on the given lanes, through the implementation
         under test (port/inject.py)."""
         from .inject import step_layer

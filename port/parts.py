@@ -10,7 +10,8 @@ A matrix is held in one of three forms, the same for the whole model:
 - "packed":  the codes as stored (CqWeight in `codes`), the matrix fields None: the C step
              computes on them directly and no float32 copy stays resident.
 
-`check_parts` validates every shape against the config and names the part that is wrong.
+`check_parts` validates every shape (and float32) against the config and names the part that is
+wrong.
 """
 from __future__ import annotations
 
@@ -128,6 +129,8 @@ def check_parts(cfg: V2Config, embedding, layers, mhc, engrams, final_norm) -> s
             raise PartError(f"{name}: expected a tensor {list(want)}, given {type(t).__name__}")
         if tuple(t.shape) != tuple(want):
             raise PartError(f"{name}: expected shape {list(want)}, given {list(t.shape)}")
+        if t.dtype != torch.float32:
+            raise PartError(f"{name}: expected float32, given {t.dtype}")
 
     def matrix(name, t, k, out):
         if packed:

@@ -69,6 +69,13 @@ def test_new_refuses_a_missing_layer_or_site_and_a_wrong_type(models, tiny_cfg):
         V2Model.new(tiny_cfg, embedding, layers, {}, engrams, final_norm)
 
 
+def test_new_refuses_a_part_that_is_not_float32(models, tiny_cfg):
+    half = models["dense"].layers[2].pre_norm.half()
+    with pytest.raises(PartError, match=r"^layers\[2\]\.pre_norm: expected float32, given "
+                                        r"torch.float16"):
+        V2Model.new(tiny_cfg, *_with(models["dense"].parts, "layers[2].pre_norm", half))
+
+
 def test_rotated_matrices_need_whole_128_groups(models, tiny_cfg):
     # A dense [d, out] matrix in a model whose products rotate [d_pad, out] inputs.
     dense, cq = models["dense"], models["cq"]
