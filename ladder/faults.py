@@ -3,10 +3,10 @@
 
 Every backend the project ships gets the fault in its own code:
 - torch and triton (they share V2Model's Python layer; triton swaps only the attention
-  kernel), eager or decode="graph" (the graph body runs the same `_layer`): a context
+  kernel), eager or decode="graph" (the graph body runs the same `layer`): a context
   manager monkeypatches port internals (module globals, V2Model and AttnRuntime methods)
   and restores them on exit; nothing under port/ is edited. Where a bug lives inside the body
-  of `V2Model._layer` or `_attention`, the fault recompiles that method from its own source
+  of `V2Model.layer` or `attention`, the fault recompiles that method from its own source
   with one line changed (a mutation): if the port's source moves on, the fault refuses with
   the text it looked for, instead of silently planting nothing.
 - native: the same bug as a compile-time switch of the C step (`-DNEEDLE_FAULT_...` in
@@ -96,7 +96,7 @@ def _patched(obj, attr, value):
         setattr(obj, attr, old)
 
 
-def _mutated_layer(fault: str, old: str, new: str, method: str = "_layer"):
+def _mutated_layer(fault: str, old: str, new: str, method: str = "layer"):
     """V2Model.<method> recompiled with `old` replaced by `new` (exactly one occurrence)."""
     src = textwrap.dedent(inspect.getsource(getattr(V2Model, method)))
     if src.count(old) != 1:
@@ -117,20 +117,20 @@ def sinkhorn_iters(iters: int = 19):
 def rope_shift(layer: int = 3, shift: int = 1):
     """RoPE applied at pos+shift in one layer (q and k both)."""
     import torch
-    orig = V2Model._layer
+    orig = V2Model.layer
 
-    def _layer(self, i, X, eng, state, pos0, cos, sin, trace=None, attention=None):
+    def shifted(self, i, X, eng, state, pos0, cos, sin, *, trace=None, attention=None):
         if i == layer:
-            L = self.w["cos"].shape[0]
+            L = self.cos.shape[0]
             if attention is None:
                 idx = torch.tensor([(pos0 + r + shift) % L for r in range(X.shape[0])],
                                    device=self.device)
             else:           # the graph body: the position is in the runtime's device buffer
                 idx = (state.attn_runtime(self).pos + shift) % L
-            cos = self.w["cos"].index_select(0, idx)[:, None, :]
-            sin = self.w["sin"].index_select(0, idx)[:, None, :]
-        return orig(self, i, X, eng, state, pos0, cos, sin, trace, attention)
-    return _patched(V2Model, "_layer", _layer)
+            cos = self.cos.index_select(0, idx)[:, None, :]
+            sin = self.sin.index_select(0, idx)[:, None, :]
+        return orig(self, i, X, eng, state, pos0, cos, sin, trace=trace, attention=attention)
+    return _patched(V2Model, "layer", shifted)
 
 
 def window_off_by_one(short: int = 1):
@@ -153,24 +153,24 @@ def hash_seed(xor: int = 1):
 
 
 def y_minus_bx():
-    return _patched(V2Model, "_layer", _mutated_layer("y_minus_bx", "y = z + mo - u",
-                                                      "y = z + mo - bx"))
+    return _patched(V2Model, "layer", _mutated_layer("y_minus_bx", "y = z + mo - u",
+                                                     "y = z + mo - bx"))
 
 
 def hpost_one():
     """hpost = 1 * sigmoid(...) instead of 2 * sigmoid(...): the lanes' write-back halved."""
-    return _patched(V2Model, "_layer", _mutated_layer("hpost_one", "hpost = 2 * sigmoid(",
-                                                      "hpost = 1 * sigmoid("))
+    return _patched(V2Model, "layer", _mutated_layer("hpost_one", "hpost = 2 * sigmoid(",
+                                                     "hpost = 1 * sigmoid("))
 
 
 def attn_gate_skipped():
-    return _patched(V2Model, "_attention",
-                    _mutated_layer("attn_gate_skipped", "(o * gate,", "(o,", "_attention"))
+    return _patched(V2Model, "attention",
+                    _mutated_layer("attn_gate_skipped", "(o * gate,", "(o,", "attention"))
 
 
 def residual_gate_skipped():
-    return _patched(V2Model, "_layer", _mutated_layer(
-        "residual_gate_skipped", 'z = bx + w["attn_gate"][i] * ap', "z = bx + ap"))
+    return _patched(V2Model, "layer", _mutated_layer(
+        "residual_gate_skipped", "z = bx + lw.attn_gate * ap", "z = bx + ap"))
 
 
 def _cq_missing() -> str:

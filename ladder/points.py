@@ -2,7 +2,7 @@
 layer), shape as a function of the config, coarse or fine. Every implementation is checked
 against it:
 
-- the reference's emits and the torch port's (eager; the graph body shares its `_layer`) and
+- the reference's emits and the torch port's (eager; the graph body shares its `layer`) and
   the native step's: `check_ladder` on every ladder `capture_reference` / `capture_port`
   record, so a point renamed, dropped, added, reordered or reshaped on either side stops the
   capture with a TraceError naming it;

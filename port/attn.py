@@ -121,7 +121,7 @@ class AttnRuntime:
         read from the device, sparse attention over the static selection, the gate and the
         output product. Per-token values come only from the static buffers, so a graph
         captured once replays at any position. Returns the model's (q, k, v, o, gate, out)."""
-        return self.model._attention(layer, h, cos, sin, self.state, 0, attend=self._ring_attend)
+        return self.model.attention(layer, h, cos, sin, self.state, 0, attend=self._ring_attend)
 
     def _ring_attend(self, layer: int, q, k, v):
         st = self.state

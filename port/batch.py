@@ -31,7 +31,7 @@ def prefill_batch(model: V2Model, tokens, state: V2State, batch: V2Batch, logits
     if batch.model is not model:
         raise StepError("V2Batch was made for another model")
     for t in tokens:
-        model._check(t, state, logits)
+        model.check_step(t, state, logits=logits)
     end = state.pos + len(tokens)
     if end > model.cfg.max_seq_len:
         raise StepError(f"positions {state.pos}..{end - 1} run past max_seq_len="
@@ -40,5 +40,6 @@ def prefill_batch(model: V2Model, tokens, state: V2State, batch: V2Batch, logits
     for c0 in range(0, len(tokens), batch.cap):
         chunk = tokens[c0:c0 + batch.cap]
         last = c0 + batch.cap >= len(tokens)
-        out = model._rows(chunk, state, logits, None, last and logits is not None)
+        out = model.rows(chunk, state, logits=logits,
+                         want_logits=last and logits is not None)
     return out

@@ -51,7 +51,7 @@ class DecodeGraph:
     # ---- host ----
     def prep(self, token: int) -> None:
         model, state, cfg = self.model, self.state, self.model.cfg
-        token = model._check(token, state, None)
+        token = model.check_step(token, state)
         pos, R, dil = state.pos, state.engram_ring, cfg.engram_dilation
         if pos == 0:
             raise StepError("position 0 is a prefill: run it eagerly (DecodeGraph.step does)")
@@ -75,34 +75,34 @@ class DecodeGraph:
 
     # ---- device ----
     def body(self) -> torch.Tensor:
-        model, state, cfg, w = self.model, self.state, self.model.cfg, self.model.w
+        model, state, cfg = self.model, self.state, self.model.cfg
         n, d = cfg.mhc_lanes, cfg.d_model
-        x0 = w["emb"].index_select(0, self.token) * math.sqrt(d)          # [1, d]
+        x0 = model.embedding.table.index_select(0, self.token) * math.sqrt(d)   # [1, d]
         eng = []
-        for s, site in enumerate(w["sites"]):
-            e = (site["tables"].index_select(0, self.rows)[None] * self.ngram_ok[None, :, None])
-            kv = model._mm(e.reshape(1, -1), site["kv"])
+        for s, site in enumerate(model.engrams):
+            e = (site.tables.index_select(0, self.rows)[None] * self.ngram_ok[None, :, None])
+            kv = model.mm(e.reshape(1, -1), site.kv)
             k, vraw = kv[:, :d], kv[:, d:]
             state.vraw[s].index_copy_(0, self.eslot, vraw)
             acc = torch.zeros_like(vraw[0])
             for j in range(cfg.engram_taps):
-                acc = acc + site["taps"][j] * state.vraw[s].index_select(0, self.tap_slots[j:j + 1])[0] \
+                acc = acc + site.taps[j] * state.vraw[s].index_select(0, self.tap_slots[j:j + 1])[0] \
                     * self.tap_ok[j]
             eng.append((k, acc[None]))
         X = x0[:, None, :].expand(1, n, d)
         rt = state.attn_runtime(model)
-        cos = w["cos"].index_select(0, rt.pos)[:, None, :]
-        sin = w["sin"].index_select(0, rt.pos)[:, None, :]
+        cos = model.cos.index_select(0, rt.pos)[:, None, :]
+        sin = model.sin.index_select(0, rt.pos)[:, None, :]
         for i in range(cfg.num_layers):
-            X = model._layer(i, X, eng, state, 0, cos, sin, None, attention=rt.decode_body)
-        return model._finish(X, state, None, None, True)
+            X = model.layer(i, X, eng, state, 0, cos, sin, attention=rt.decode_body)
+        return model.finish(X, state)
 
     # ---- the step ----
     def step(self, token: int) -> torch.Tensor:
         """prep, then the body: replayed from a CUDA graph on CUDA, run eagerly elsewhere.
         Position 0 is a prefill and runs eagerly (same bits)."""
         if self.state.pos == 0:
-            return self.model._step(token, self.state, None, None, True)
+            return self.model.run_step(token, self.state)
         self.prep(token)
         if self.model.device.type != "cuda":
             return self.body()

@@ -55,7 +55,7 @@ def _sequences(tokens) -> tuple:
 def run_pool(model, tokens: list, head: str, window: int = 0):
     """One sequence's pooled cells [P*d] and the head's weights. window 0: full causal (as
     upstream's heads default to); w > 0: each position attends to the w most recent."""
-    w = model.w["heads"]
+    w = model.heads
     if f"{head}/probes" not in w:
         raise ValueError(f"this model has no {head} parameters")
     if not tokens:
@@ -77,8 +77,8 @@ def run_pool(model, tokens: list, head: str, window: int = 0):
     state.pad_aware = True
     pool = StreamingPool(w[f"{head}/probes"])
     for t in tokens:
-        model._check(t, state, None)
-        model._rows([t], state, None, None, False, pool)
+        model.check_step(t, state)
+        model.rows([t], state, want_logits=False, pool=pool)
     return pool.pooled(), w
 
 

@@ -1,12 +1,15 @@
 """V2Model: the port's one-token decode over a ring KV cache (after the seed's V2Model).
 
-Weights are prepared once at load (fused per-layer projections, row-major [out, in] so every
-product is a matrix-vector call) and never change. Per-sequence state lives in V2State. The
-math is the port's own (docs/design.md, "Layout": port/ takes only config, params and cact
-from reference/).
+The weights are the model's typed parts (port/parts.py): `embedding`, `layers` (one V2Layer
+each), `mhc`, `engrams` (one V2Engram per site) and `final_norm`, prepared once at load and
+never changed. Per-sequence state lives in V2State. The math is the port's own
+(docs/design.md, "Layout": port/ takes only config, params and cact from reference/).
 
 `step` follows upstream decode.py: Engram gated on `u`, `y = block(bx) - u`, Sinkhorn in the
-log domain for 20 iterations, the lanes updated from their values before the layer.
+log domain for 20 iterations, the lanes updated from their values before the layer. The class
+reads top to bottom in forward order: step -> rows -> engram -> layer -> attention -> mlp ->
+finish. The methods other modules call (graph body, batch, heads, attention runtime, native
+binding, ladder) are its public internal API, flags keyword-only.
 """
 from __future__ import annotations
 
@@ -17,54 +20,21 @@ import torch
 from reference import cact
 from reference.config import V2Config
 from .cq import CqWeight, fwht
-from .state import StateError, V2State
-from .weights import prepare_weights
+from .ops import EPS, log_sinkhorn, rowvecs, sigmoid, silu, unit_rms, zc  # noqa: F401
+from .parts import (Embedding, PartError, V2Mhc, check_parts, model_tensors, pack_parts,
+                    parts_from_weights)
+from .state import StateError, V2State  # noqa: F401
+from .weights import prepare_weights, rope_tables, walsh
 
 WEIGHT_FORMS = ("dense", "cq")
 BACKENDS = ("torch", "triton", "native")
 DECODES = ("eager", "graph")
 
-EPS = 1e-6
 SEED, PRIME, M32 = 0x9E3779B9, 0x01000193, 0xFFFFFFFF
 
 
 class StepError(ValueError):
     """A step the model refuses (names the value and the limit); the state is untouched."""
-
-
-def _lanewise(fn, x):
-    """fn applied through torch's SIMD body only. Its vector and scalar-tail code paths for
-    sigmoid/silu round differently, and which one an element takes depends on how many
-    elements share the call; padding to a multiple of 64 sends every element down the vector
-    path, so a value's bits do not depend on the rows batched with it."""
-    flat = x.reshape(-1)
-    n = flat.numel()
-    buf = torch.zeros(-(-n // 64) * 64, dtype=x.dtype, device=x.device)
-    buf[:n] = flat
-    return fn(buf)[:n].view(x.shape)
-
-
-def sigmoid(x):
-    return _lanewise(torch.sigmoid, x)
-
-
-def silu(x):
-    return _lanewise(torch.nn.functional.silu, x)
-
-
-def zc(x, g):
-    return (1.0 + g) * x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS)
-
-
-def unit_rms(x):
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS)
-
-
-def log_sinkhorn(z, iters: int = 20):
-    for _ in range(iters):
-        z = z - torch.logsumexp(z, -1, keepdim=True)
-        z = z - torch.logsumexp(z, -2, keepdim=True)
-    return z.exp()
 
 
 def ngram_rows(cfg: V2Config, tokens: list, pos: int) -> list:
@@ -80,14 +50,6 @@ def ngram_rows(cfg: V2Config, tokens: list, pos: int) -> list:
     return rows
 
 
-def rowvecs(x, wt):
-    """x [m, k] @ wt [k, n] as m independent M=1 products (bmm over an expanded weight).
-
-    A plain [m, k] @ [k, n] picks BLAS kernels by m, so a row's bits would depend on how
-    many rows travel with it; one product per row keeps step and prefill bit-identical."""
-    return torch.bmm(x[:, None, :], wt.expand(x.shape[0], *wt.shape))[:, 0]
-
-
 class V2Model:
     # Which Engram gate this port implements. Upstream has two: architecture.py (training)
     # gates the Engram value on the lane-stacked x, decode.py gates it on u, the lane-mixed
@@ -95,13 +57,22 @@ class V2Model:
     # fixtures come from; a change toward architecture.py is a bug, not a fix.
     ENGRAM_GATE_SOURCE = "decode.py (_forward_cached), gate on u"
 
-    def __init__(self, cfg: V2Config, w: dict, device, backend: str = "torch",
-                 decode: str = "eager", packed: dict | None = None):
+    def __init__(self, cfg: V2Config, embedding: Embedding, layers: list, mhc: V2Mhc,
+                 engrams: list, final_norm, *, heads: dict | None = None, device=None,
+                 backend: str = "torch", decode: str = "eager"):
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
         if decode not in DECODES:
             raise ValueError(f"decode={decode!r} is not one of {DECODES}")
-        self.cfg, self.w, self.device = cfg, w, torch.device(device)
+        self.form = check_parts(cfg, embedding, layers, mhc, engrams, final_norm)
+        self.cfg = cfg
+        self.embedding, self.layers, self.mhc = embedding, list(layers), mhc
+        self.engrams, self.final_norm = list(engrams), final_norm
+        self.heads = dict(heads or {})          # probe-head parameters (port/heads.py)
+        self.device = torch.device(final_norm.device if device is None else device)
+        self.rotate = self.form == "rotated"    # every product rotates its input first
+        self.walsh = walsh(cfg.hada_n).to(self.device)
+        self.cos, self.sin = rope_tables(cfg, self.device)
         self.backend = backend          # torch ops, Triton attention, or the C step (CPU)
         self.decode = decode            # graph: prep + a capturable body (port/graph.py)
         if backend == "native":
@@ -109,9 +80,28 @@ class V2Model:
                 raise ValueError(f"backend='native' runs eagerly on the CPU (device="
                                  f"{self.device}, decode={decode!r})")
             from .native import NativeModel
-            self._native = NativeModel(cfg, w, packed)
+            self._native = NativeModel(self)
+        elif self.form == "packed":
+            raise PartError("packed codes run on backend='native' only; the torch and triton "
+                            "backends compute on dense or rotated matrices")
 
     # ---- construction ----
+    @classmethod
+    def new(cls, cfg: V2Config, embedding: Embedding, layers: list, mhc: V2Mhc, engrams: list,
+            final_norm, **runtime) -> "V2Model":
+        """The model over its parts, every shape checked (PartError names the wrong part).
+        `runtime`: heads, device, backend, decode (keyword-only)."""
+        return cls(cfg, embedding, layers, mhc, engrams, final_norm, **runtime)
+
+    @property
+    def parts(self) -> tuple:
+        """(embedding, layers, mhc, engrams, final_norm): V2Model.new's arguments."""
+        return self.embedding, self.layers, self.mhc, self.engrams, self.final_norm
+
+    def tensors(self):
+        """(path, tensor) of every tensor the model holds: parts, heads, RoPE and Walsh."""
+        yield from model_tensors(self)
+
     @classmethod
     def from_params(cls, params: dict, cfg: V2Config, weights: str = "dense", device="cpu",
                     bits_map: str = "embedding=4,mhc=4,default=2", backend: str = "torch",
@@ -143,17 +133,20 @@ class V2Model:
             cqw = {s.name: CqWeight.from_slot(s, form) for s in f.slots
                    if s.dtype == cact.DTYPE_CQ}
         if weights == "cq" and backend == "native":    # the C step reads the codes as stored
-            model = cls(f.config, prepare_weights(f.params, f.config, None, device), device,
-                        backend, decode, packed=cqw)
-            model.tokenizer = f.tokenizer
-            return model
-        model = cls._build(f.params, f.config, cqw, device, backend, decode)
+            w = prepare_weights(f.params, f.config, None, device)
+            parts = pack_parts(parts_from_weights(w, f.config), cqw, f.config)
+            model = cls.new(f.config, *parts, heads=w["heads"], device=device,
+                            backend=backend, decode=decode)
+        else:
+            model = cls._build(f.params, f.config, cqw, device, backend, decode)
         model.tokenizer = f.tokenizer
         return model
 
     @classmethod
     def _build(cls, params: dict, cfg: V2Config, cqw, device, backend="torch", decode="eager"):
-        return cls(cfg, prepare_weights(params, cfg, cqw, device), device, backend, decode)
+        w = prepare_weights(params, cfg, cqw, device)
+        return cls.new(cfg, *parts_from_weights(w, cfg), heads=w["heads"], device=device,
+                       backend=backend, decode=decode)
 
     # ---- state ----
     def make_state(self) -> V2State:
@@ -169,23 +162,23 @@ class V2Model:
     def step(self, token: int, state: V2State, logits=None):
         if self.decode == "graph" and state.window and not state.pad_aware:
             if logits is not None:
-                self._check(token, state, logits)
+                self.check_step(token, state, logits=logits)
             out = state.decode_graph(self).step(token)
             return out if logits is None else logits.copy_(out)
-        return self._step(token, state, logits, None, True)
+        return self.run_step(token, state, logits=logits)
 
     def step_prefill(self, token: int, state: V2State) -> None:
-        self._step(token, state, None, None, False)
+        self.run_step(token, state, want_logits=False)
 
     def step_traced(self, token: int, state: V2State, logits, trace):
-        return self._step(token, state, logits, trace, True)
+        return self.run_step(token, state, logits=logits, trace=trace)
 
     @staticmethod
     def last_hidden(state: V2State):
         return state.hidden
 
-    # ---- the step ----
-    def _check(self, token, state, logits):
+    def check_step(self, token, state, *, logits=None) -> int:
+        """The token id a step would feed (a tensor token read once); StepError if refused."""
         cfg = self.cfg
         if isinstance(token, torch.Tensor):
             if token.device != self.device:
@@ -208,7 +201,46 @@ class V2Model:
                                 f"step writes a contiguous [{cfg.vocab_size}] buffer")
         return token
 
-    def _engram(self, state, pos0, m, trace):
+    # ---- the forward, in order ----
+    def run_step(self, token, state: V2State, *, logits=None, trace=None,
+                 want_logits: bool = True):
+        token = self.check_step(token, state, logits=logits)
+        return self.rows([token], state, logits=logits, trace=trace, want_logits=want_logits)
+
+    def rows(self, tokens: list, state: V2State, *, logits=None, trace=None,
+             want_logits: bool = True, pool=None):
+        """Run m = len(tokens) positions (already checked). Every op is either elementwise, a
+        reduction over a row, a per-row matrix product (bmm, one M=1 product per row) or the
+        per-position attention, so row r's bits do not depend on m: a batched prefill leaves
+        exactly the state of m single steps."""
+        cfg = self.cfg
+        n, d, m = cfg.mhc_lanes, cfg.d_model, len(tokens)
+        pos0 = state.pos
+        pad = cfg.pad_token_id
+        keep = [not (state.pad_aware and t == pad) for t in tokens]
+        state.tokens.extend(tokens)         # inputs were checked: nothing below can fail
+        state.valid.extend(keep)
+        if self.backend == "native":
+            from .native import run_rows
+            return run_rows(self, self._native, tokens, state, pos0, logits, trace,
+                            want_logits, pool)
+        x0 = self.embedding.table[torch.tensor(tokens, device=self.device)] * math.sqrt(d)
+        if trace:
+            trace("embed", None, x0[0])
+        eng = self.engram(state, pos0, m, trace=trace)
+        X = x0[:, None, :].expand(m, n, d)                                      # [m, n, d]
+        keep_t = torch.tensor(keep, device=self.device) if pool is not None else None
+        if pool is not None:
+            pool.add(x0, keep_t)
+        cos = self.cos[pos0:pos0 + m, None, :]
+        sin = self.sin[pos0:pos0 + m, None, :]
+        for i in range(cfg.num_layers):
+            X = self.layer(i, X, eng, state, pos0, cos, sin, trace=trace)
+            if pool is not None:
+                pool.add(X.mean(1), keep_t)
+        return self.finish(X, state, logits=logits, trace=trace, want_logits=want_logits)
+
+    def engram(self, state, pos0: int, m: int, *, trace=None) -> list:
         """Keys and convolved values of every site for positions pos0..pos0+m-1: [m, d] each.
 
         Row by row for the value ring: a row's taps read the rows before it, so a later row
@@ -224,9 +256,9 @@ class V2Model:
         ok = torch.tensor([[1.0 if p - (o - 1) >= 0 and valid[p - (o - 1)] else 0.0
                             for o in orders] for p in range(pos0, pos0 + m)], device=self.device)
         dil, R, d = cfg.engram_dilation, state.engram_ring, cfg.d_model
-        for s, site in enumerate(self.w["sites"]):
-            e = (site["tables"][flat] * ok[..., None]).reshape(m, -1)
-            kv = self._mm(e, site["kv"])
+        for s, site in enumerate(self.engrams):
+            e = (site.tables[flat] * ok[..., None]).reshape(m, -1)
+            kv = self.mm(e, site.kv)
             k, vraw = kv[:, :d], kv[:, d:]
             v = torch.empty_like(vraw)
             for r in range(m):
@@ -235,7 +267,7 @@ class V2Model:
                 acc = torch.zeros_like(vraw[r])
                 for j in range(cfg.engram_taps):
                     if p - j * dil >= 0 and valid[p - j * dil]:
-                        acc = acc + site["taps"][j] * state.vraw[s, (p - j * dil) % R]
+                        acc = acc + site.taps[j] * state.vraw[s, (p - j * dil) % R]
                 v[r] = acc
             if trace:
                 trace(f"engram_k{s}", None, k[0])
@@ -243,120 +275,38 @@ class V2Model:
             out.append((k, v))
         return out
 
-    def _attention(self, i, h, cos, sin, state, pos0, attend=None):
-        """The attention sublayer on normed rows h [m, d]: fused q|k|v|gate product, q/k norms
-        and RoPE, attention per position (or `attend(i, q, k, v)` for one row), the gate and
-        the output product. Returns (q, k, v, o, gate, out) for the trace."""
-        cfg, w, m = self.cfg, self.w, h.shape[0]
-        H, KV, hd, attn, kvd = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attn_dim_eff,
-                                cfg.kv_dim)
-        qkvg = self._mm(h, w["qkvg_t"][i])
-        q = self._rope(zc(qkvg[:, :attn].reshape(m, H, hd), w["qn"][i]), cos, sin)
-        k = self._rope(zc(qkvg[:, attn:attn + kvd].reshape(m, KV, hd), w["kn"][i]), cos, sin)
-        v = qkvg[:, attn + kvd:attn + 2 * kvd].reshape(m, KV, hd)
-        gate = sigmoid(qkvg[:, attn + 2 * kvd:])
-        if attend is not None:
-            o = torch.stack([attend(i, q[0], k[0], v[0])])
-        else:
-            o = torch.stack([self._attend(i, q[r_], k[r_], v[r_], state, pos0 + r_)
-                             for r_ in range(m)])
-        return q, k, v, o, gate, self._mm(o * gate, w["out_t"][i])
-
-    def _attend(self, i, q, k, v, state, pos):
-        """One position's attention through the state's AttnV41-style runtime (port/attn.py):
-        write its K/V into the ring, then attend over the window selection."""
-        return state.attn_runtime(self).forward(i, q[None], k[None], v[None], pos)[0]
-
-    def _step(self, token, state: V2State, logits, trace, want_logits):
-        token = self._check(token, state, logits)
-        return self._rows([token], state, logits, trace, want_logits)
-
-    def _rows(self, tokens: list, state: V2State, logits, trace, want_logits, pool=None):
-        """Run m = len(tokens) positions. Every op is either elementwise, a reduction over a
-        row, a per-row matrix product (bmm, one M=1 product per row) or the per-position
-        attention, so row r's bits do not depend on m: a batched prefill leaves exactly the
-        state of m single steps."""
-        cfg, w = self.cfg, self.w
-        n, d, H, KV, hd = cfg.mhc_lanes, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        attn, kvd, m = cfg.attn_dim_eff, cfg.kv_dim, len(tokens)
-        pos0 = state.pos
-        pad = cfg.pad_token_id
-        keep = [not (state.pad_aware and t == pad) for t in tokens]
-        state.tokens.extend(tokens)         # inputs were checked: nothing below can fail
-        state.valid.extend(keep)
-        if self.backend == "native":
-            from .native import run_rows
-            return run_rows(self, self._native, tokens, state, pos0, logits, trace,
-                            want_logits, pool)
-        x0 = w["emb"][torch.tensor(tokens, device=self.device)] * math.sqrt(d)   # [m, d]
-        if trace:
-            trace("embed", None, x0[0])
-        eng = self._engram(state, pos0, m, trace)
-        X = x0[:, None, :].expand(m, n, d)
-        keep_t = torch.tensor(keep, device=self.device) if pool is not None else None
-        if pool is not None:
-            pool.add(x0, keep_t)
-        cos = w["cos"][pos0:pos0 + m, None, :]
-        sin = w["sin"][pos0:pos0 + m, None, :]
-        for i in range(cfg.num_layers):
-            X = self._layer(i, X, eng, state, pos0, cos, sin, trace)
-            if pool is not None:
-                pool.add(X.mean(1), keep_t)
-        return self._finish(X, state, logits, trace, want_logits)
-
-    def _finish(self, X, state, logits, trace, want_logits):
-        """Last row's lanes -> state.lanes, the final norm -> state.hidden, the LM head."""
-        w = self.w
-        state.lanes.copy_(X[-1])
-        mean = X[-1].mean(0)
-        torch.mul(1.0 + w["final"], mean / torch.sqrt((mean * mean).mean() + EPS),
-                  out=state.hidden)
-        if trace:
-            trace("lane_mean", None, mean)
-            trace("final_norm", None, state.hidden)
-        if not want_logits:
-            return None
-        out = state.logits if logits is None else logits
-        if w["rotate"]:
-            out.copy_(self._mm(state.hidden[None], w["head_t"])[0])
-        else:
-            torch.mv(w["emb"], state.hidden, out=out)
-        if trace:
-            trace("logits", None, out)
-        return out
-
-    def _layer(self, i, X, eng, state, pos0, cos, sin, trace=None, attention=None):
+    def layer(self, i: int, X, eng, state, pos0: int, cos, sin, *, trace=None,
+              attention=None):
         """Layer i on lanes X [m, n, d] at positions pos0..pos0+m-1; returns the new lanes.
 
         Writes the layer's K/V rows into the state's ring. `eng` holds every site's (k, v).
         `attention(i, h, cos, sin)` replaces the attention sublayer (the runtime's
         decode_body, which reads the position from device buffers; m = 1 there)."""
-        cfg, w = self.cfg, self.w
-        n, d, H, KV, hd = cfg.mhc_lanes, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        attn, kvd, m = cfg.attn_dim_eff, cfg.kv_dim, X.shape[0]
+        cfg, lw, mhc = self.cfg, self.layers[i], self.mhc
+        n, d, m = cfg.mhc_lanes, cfg.d_model, X.shape[0]
         nx = unit_rms(X.reshape(m, n * d))
-        r = self._mm(nx, w["router_t"][i])
-        hpre = sigmoid(w["a_pre"][i] * r[:, :n] + w["pre_bias"][i])
+        r = self.mm(nx, mhc.router[i])
+        hpre = sigmoid(mhc.a_pre[i] * r[:, :n] + mhc.pre_bias[i])
         u = torch.bmm(hpre[:, None, :], X)[:, 0]
         bx, alpha = u, None
         site = cfg.site_of_layer(i)
         if site is not None:
             ek, ev = eng[site]
             alpha = sigmoid((unit_rms(u) * unit_rms(ek)).sum(-1, keepdim=True)
-                                  / math.sqrt(d))
+                            / math.sqrt(d))
             bx = u + alpha * ev
-        h = zc(bx, w["pre"][i])
+        h = zc(bx, lw.pre_norm)
         if attention is not None:           # the graph body's: positions from device buffers
             q, k, v, o, gate, a = attention(i, h, cos, sin)
         else:
-            q, k, v, o, gate, a = self._attention(i, h, cos, sin, state, pos0)
-        ap = zc(a, w["post"][i])
-        z = bx + w["attn_gate"][i] * ap
-        mi = zc(z, w["pre_hada"][i])
-        mo = self._hadamard(mi, i)
+            q, k, v, o, gate, a = self.attention(i, h, cos, sin, state, pos0)
+        ap = zc(a, lw.post_norm)
+        z = bx + lw.attn_gate * ap
+        mi = zc(z, lw.pre_hada_norm)
+        mo = self.mlp(i, mi)
         y = z + mo - u
-        hpost = 2 * sigmoid(w["a_post"][i] * r[:, n:2 * n] + w["post_bias"][i])
-        res = w["a_res"][i] * r[:, 2 * n:].reshape(m, n, n) + w["b_res"][i]
+        hpost = 2 * sigmoid(mhc.a_post[i] * r[:, n:2 * n] + mhc.post_bias[i])
+        res = mhc.a_res[i] * r[:, 2 * n:].reshape(m, n, n) + mhc.b_res[i]
         P = log_sinkhorn(res)
         if trace:
             for name, val in (("nx", nx), ("hpre", hpre), ("u", u), ("alpha", alpha),
@@ -372,23 +322,80 @@ class V2Model:
             trace("x", i, X[0])
         return X
 
-    def _mm(self, x, wt):
-        """x [m, in] times a prepared weight view wt [in or in_pad, out], row by row."""
-        if self.w["rotate"]:
+    def attention(self, i: int, h, cos, sin, state, pos0: int, *, attend=None):
+        """The attention sublayer on normed rows h [m, d]: fused q|k|v|gate product, q/k norms
+        and RoPE, attention per position (or `attend(i, q, k, v)` for one row), the gate and
+        the output product. Returns (q, k, v, o, gate, out) for the trace."""
+        cfg, lw, m = self.cfg, self.layers[i], h.shape[0]
+        H, KV, hd, attn, kvd = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attn_dim_eff,
+                                cfg.kv_dim)
+        qkvg = self.mm(h, lw.qkvg)
+        q = self.rope(zc(qkvg[:, :attn].reshape(m, H, hd), lw.q_norm), cos, sin)
+        k = self.rope(zc(qkvg[:, attn:attn + kvd].reshape(m, KV, hd), lw.k_norm), cos, sin)
+        v = qkvg[:, attn + kvd:attn + 2 * kvd].reshape(m, KV, hd)
+        gate = sigmoid(qkvg[:, attn + 2 * kvd:])
+        if attend is not None:
+            o = torch.stack([attend(i, q[0], k[0], v[0])])
+        else:
+            o = torch.stack([self._attend(i, q[r_], k[r_], v[r_], state, pos0 + r_)
+                             for r_ in range(m)])
+        return q, k, v, o, gate, self.mm(o * gate, lw.out)
+
+    def _attend(self, i, q, k, v, state, pos):
+        """One position's attention through the state's AttnV41-style runtime (port/attn.py):
+        write its K/V into the ring, then attend over the window selection."""
+        return state.attn_runtime(self).forward(i, q[None], k[None], v[None], pos)[0]
+
+    def mlp(self, i: int, h):
+        """The Hadamard MLP of layer i on rows h [m, d]: d3 · W · silu(d2 · W · (d1 · h))."""
+        lw, cfg = self.layers[i], self.cfg
+        z = torch.nn.functional.pad(h, (0, cfg.hada_n - cfg.d_model))
+        z = rowvecs(lw.d1 * z, self.walsh)
+        z = rowvecs(silu(lw.d2 * z), self.walsh)
+        return (lw.d3 * z)[:, :cfg.d_model]
+
+    def finish(self, X, state, *, logits=None, trace=None, want_logits: bool = True):
+        """Last row's lanes -> state.lanes, the final norm -> state.hidden, the LM head."""
+        state.lanes.copy_(X[-1])
+        mean = X[-1].mean(0)
+        torch.mul(1.0 + self.final_norm, mean / torch.sqrt((mean * mean).mean() + EPS),
+                  out=state.hidden)
+        if trace:
+            trace("lane_mean", None, mean)
+            trace("final_norm", None, state.hidden)
+        if not want_logits:
+            return None
+        out = state.logits if logits is None else logits
+        if self.rotate:
+            out.copy_(self.mm(state.hidden[None], self.embedding.head)[0])
+        else:
+            torch.mv(self.embedding.table, state.hidden, out=out)
+        if trace:
+            trace("logits", None, out)
+        return out
+
+    # ---- the products every sublayer shares ----
+    def mm(self, x, wt):
+        """x [m, in] times a part's matrix wt [in or in_pad, out], row by row."""
+        if self.rotate:
             x = fwht(torch.nn.functional.pad(x, (0, wt.shape[0] - x.shape[-1])))
         return rowvecs(x, wt)
 
-    def _rope(self, x, cos, sin):
+    def rope(self, x, cos, sin):
         half = x.shape[-1] // 2
         a, b = x[..., :half], x[..., half:]
         return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
 
-    def _hadamard(self, h, i):
-        w, cfg = self.w, self.cfg
-        z = torch.nn.functional.pad(h, (0, cfg.hada_n - cfg.d_model))
-        z = rowvecs(w["d1"][i] * z, w["walsh"])
-        z = rowvecs(silu(w["d2"][i] * z), w["walsh"])
-        return (w["d3"][i] * z)[:, :cfg.d_model]
+    # ---- entry points kept in their own modules: injection, batches, heads ----
+    def step_layer(self, i: int, lanes, state: V2State, pos: int, *, engram=None, trace=None):
+        """Injection: layer `i` alone at `pos` on the given lanes, through the implementation
+        under test (port/inject.py)."""
+        from .inject import step_layer
+        return step_layer(self, i, lanes, state, pos, engram=engram, trace=trace)
+
+    def prefill_batch(self, tokens, state: V2State, batch, logits=None):
+        from .batch import prefill_batch
+        return prefill_batch(self, tokens, state, batch, logits)
 
     def encode_contrastive(self, tokens, *, window: int = 0):
         """Probe head over tokens [T] or a batch [B, T] (port/heads.py); window 0: full causal."""
@@ -399,36 +406,3 @@ class V2Model:
         """Confidence logit over tokens [T] or a batch [B, T] (port/heads.py)."""
         from .heads import confidence
         return confidence(self, tokens, window=window)
-
-    def step_layer(self, i: int, lanes, state: V2State, pos: int, engram=None, trace=None):
-        """Injection: run only layer `i` at position `pos` (already stepped into `state`) on the
-        given lanes [n, d], with `engram` = [(k [d], v [d]) per site] (default: recomputed
-        from the state's tokens). Runs the implementation under test: the C layer for
-        backend="native" (port/native.py run_layer), the graph body's layer (attention from
-        the runtime's static buffers, `decode_body`) where decode="graph" steps run it, else
-        this class's `_layer` (whose attention goes through the backend's kernel). Overwrites
-        that layer's K/V at `pos`: pass `state.clone()`. Returns the lanes after the layer."""
-        if not 0 <= i < self.cfg.num_layers or not 0 <= pos < state.pos:
-            raise StepError(f"layer {i} / position {pos} outside 0..{self.cfg.num_layers - 1}"
-                            f" / 0..{state.pos - 1}")
-        if self.backend == "native":
-            from .native import run_layer
-            return run_layer(self, self._native, i, lanes, state, pos, engram, trace)
-        if engram is None:
-            engram = self._engram(state.clone(), pos, 1, None)
-        eng = [(k.reshape(1, -1), v.reshape(1, -1)) for k, v in engram]
-        X = lanes.reshape(1, self.cfg.mhc_lanes, self.cfg.d_model).to(state.k)
-        if self.decode == "graph" and pos and state.window and not state.pad_aware:
-            rt = state.attn_runtime(self)         # as DecodeGraph.body runs a layer
-            rt.invalidate_decode_uploads()
-            rt.decode_prep(i, pos)
-            cos = self.w["cos"].index_select(0, rt.pos)[:, None, :]
-            sin = self.w["sin"].index_select(0, rt.pos)[:, None, :]
-            return self._layer(i, X, eng, state, 0, cos, sin, trace,
-                               attention=rt.decode_body)[0]
-        cos, sin = self.w["cos"][pos:pos + 1, None, :], self.w["sin"][pos:pos + 1, None, :]
-        return self._layer(i, X, eng, state, pos, cos, sin, trace)[0]
-
-    def prefill_batch(self, tokens, state: V2State, batch, logits=None):
-        from .batch import prefill_batch
-        return prefill_batch(self, tokens, state, batch, logits)

@@ -2,11 +2,11 @@
 (kernels/native/needle_step.c), on the model's dense float32 weights or, for a model built from
 Cactus-Quants codes, on the packed codes themselves (kernels/native/cq_packed.c).
 
-The model's weights are bound once (NativeModel keeps every tensor the C side points to); each
-state gets its binding, scratch and host arrays once (NativeBuffers, grown only when a prefill
-chunk is wider than any before), so a step allocates no tensor: the host computes the n-gram
-hashes and validity bits into preallocated ctypes arrays and the C side writes the caches,
-lanes, hidden vector and logits in place.
+The model's parts (port/parts.py) are bound once (NativeModel keeps every tensor the C side
+points to); each state gets its binding, scratch and host arrays once (NativeBuffers, grown
+only when a prefill chunk is wider than any before), so a step allocates no tensor: the host
+computes the n-gram hashes and validity bits into preallocated ctypes arrays and the C side
+writes the caches, lanes, hidden vector and logits in place.
 """
 from __future__ import annotations
 
@@ -17,84 +17,86 @@ import torch
 
 from kernels import native
 from kernels.native import NModel, NState, ptr
+from .parts import stacked
 
 _I64P = ctypes.POINTER(ctypes.c_int64)
 _U8P = ctypes.POINTER(ctypes.c_uint8)
 
 
-DENSE_MATRICES = ("emb", "qkvg", "out", "router", "qkvg_t", "out_t", "router_t")
-
-
 class NativeModel:
-    """A V2Model's prepared weights as the C step's NModel: dense float32 matrices, or with
-    `packed` (slot name -> CqWeight) the Cactus-Quants codes as stored, in which case the
-    dense matrices are dropped from `w` (only the codes stay resident)."""
+    """A V2Model's parts as the C step's NModel: the dense float32 matrices, or for the
+    "packed" form (port/parts.py) the Cactus-Quants codes as stored. Per-layer parts are
+    handed over stacked [L, ...] (views of the prepared weights where they are consecutive)."""
 
-    def __init__(self, cfg, w: dict, packed: dict | None = None):
-        if w["rotate"]:
+    def __init__(self, model):
+        if model.form == "rotated":
             raise ValueError("backend='native' computes on dense float32 matrices or on the "
                              "packed codes; build it with weights='dense' or from a .cact")
         native.lib()                    # built (or refused) at load, not at the first step
-        self.cfg, keep = cfg, []
-        self.packed = packed is not None
+        cfg, keep = model.cfg, []
+        self.cfg = cfg
+        self.packed = model.form == "packed"
 
         def p(t, kind=native._P):
             t = t.detach().contiguous()
             keep.append(t)
             return ptr(t, kind)
 
-        L = cfg.num_layers
-        sites = w["sites"]
+        L, layers, mhc, sites = cfg.num_layers, model.layers, model.mhc, model.engrams
+        per_layer = lambda name: p(stacked([getattr(lw, name) for lw in layers]))
         self.T = len(cfg.engram_orders) * cfg.engram_heads_eff
         self.orders = [o for o in cfg.engram_orders for _ in range(cfg.engram_heads_eff)]
         site_of = torch.tensor([-1 if cfg.site_of_layer(i) is None else cfg.site_of_layer(i)
                                 for i in range(L)], dtype=torch.int64)
         arr = lambda ts: (native._P * max(1, len(ts)))(*[p(t) for t in ts])
-        dense = packed is None
-        big = lambda name: p(w[name]) if dense else None    # packed: the codes instead
-        self._arrays = [arr([s["tables"] for s in sites] if dense else []),
-                        arr([s["kv"].t() for s in sites] if dense else []),
-                        arr([s["taps"] for s in sites])]
+        dense = not self.packed
+        big = lambda get: p(get()) if dense else None    # packed: the codes instead
+        self._arrays = [arr([s.tables for s in sites] if dense else []),
+                        arr([s.kv.t() for s in sites] if dense else []),
+                        arr([s.taps for s in sites])]
         self.m = NModel(
             L=L, n=cfg.mhc_lanes, d=cfg.d_model, H=cfg.num_heads, KV=cfg.num_kv_heads,
             hd=cfg.head_dim, hada=cfg.hada_n, max_seq=cfg.max_seq_len, vocab=cfg.vocab_size,
             sinkhorn_iters=20, eps=1e-6, attn_scale=1.0 / math.sqrt(cfg.head_dim),
-            walsh_scale=float(w["walsh"][0, 0]),
-            emb=big("emb"), qkvg=big("qkvg"), out=big("out"), router=big("router"),
-            qn=p(w["qn"]), kn=p(w["kn"]), pre=p(w["pre"]), post=p(w["post"]),
-            pre_hada=p(w["pre_hada"]), attn_gate=p(w["attn_gate"]), d1=p(w["d1"]),
-            d2=p(w["d2"]), d3=p(w["d3"]), pre_bias=p(w["pre_bias"]),
-            post_bias=p(w["post_bias"]), a_pre=p(w["a_pre"]), a_post=p(w["a_post"]),
-            a_res=p(w["a_res"]), b_res=p(w["b_res"]), cos_t=p(w["cos"]), sin_t=p(w["sin"]),
-            final_scale=p(w["final"]), site_of_layer=p(site_of, _I64P),
+            walsh_scale=float(model.walsh[0, 0]),
+            emb=big(lambda: model.embedding.table),
+            qkvg=big(lambda: stacked([lw.qkvg.t() for lw in layers])),
+            out=big(lambda: stacked([lw.out.t() for lw in layers])),
+            router=big(lambda: mhc.router.transpose(1, 2)),
+            qn=per_layer("q_norm"), kn=per_layer("k_norm"), pre=per_layer("pre_norm"),
+            post=per_layer("post_norm"), pre_hada=per_layer("pre_hada_norm"),
+            attn_gate=per_layer("attn_gate"), d1=per_layer("d1"), d2=per_layer("d2"),
+            d3=per_layer("d3"), pre_bias=p(mhc.pre_bias), post_bias=p(mhc.post_bias),
+            a_pre=p(mhc.a_pre), a_post=p(mhc.a_post), a_res=p(mhc.a_res), b_res=p(mhc.b_res),
+            cos_t=p(model.cos), sin_t=p(model.sin), final_scale=p(model.final_norm),
+            site_of_layer=p(site_of, _I64P),
             sites=len(sites), T=self.T, sub=cfg.engram_sub, taps=cfg.engram_taps,
             dil=cfg.engram_dilation, ering=(cfg.engram_taps - 1) * cfg.engram_dilation + 1,
             tables=self._arrays[0], eng_kv=self._arrays[1], eng_taps=self._arrays[2])
         self._keep = keep
-        if packed is not None:
-            self._bind_packed(cfg, w, packed)
+        if self.packed:
+            self._bind_packed(cfg, model)
         self.sizes = self._capture_sizes(cfg)
 
-    def _bind_packed(self, cfg, w, packed):
+    def _bind_packed(self, cfg, model):
         from .cq import _level_table
         L, n = cfg.num_layers, cfg.mhc_lanes
 
-        def pk(name, row0=0, rows=None):
-            cw = packed[name]
+        def pk(cw, row0=0, rows=None):
             return native.PackedCq(cw.packed, cw.norms, _level_table(cw.bits), cw.store_bits,
                                    cw.in_features, row0, rows)
-        lay = lambda i, k: pk(f"layer{i:02d}.{k}")
-        band = lambda k, i, r: pk(f"mhc_phi_{k}", i * r, r)
+        lay = lambda i, k: pk(model.layers[i].codes[k])
+        band = lambda k, i, r: pk(model.mhc.codes[k], i * r, r)
         groups = {
             "cq_qkvg": [lay(i, k) for i in range(L) for k in ("q_proj", "k_proj", "v_proj",
                                                               "gate_proj")],
             "cq_out": [lay(i, "out_proj") for i in range(L)],
             "cq_router": [m for i in range(L) for m in (band("pre", i, n), band("post", i, n),
                                                         band("res", i, n * n))],
-            "cq_emb": [pk("embedding")],
-            "cq_eng_kv": [pk(f"engram{s}.{k}") for s in range(cfg.num_sites)
+            "cq_emb": [pk(model.embedding.codes)],
+            "cq_eng_kv": [pk(site.codes[k]) for site in model.engrams
                           for k in ("key_proj", "value_proj")],
-            "cq_tables": [pk(f"engram{s}.tables") for s in range(cfg.num_sites)],
+            "cq_tables": [pk(site.codes["tables"]) for site in model.engrams],
         }
         self._packed = [m for ms in groups.values() for m in ms]      # keep the codes alive
         self._cq_arrays = {k: native.cq_array(ms) for k, ms in groups.items() if ms}
@@ -102,11 +104,6 @@ class NativeModel:
             setattr(self.m, k, arr)
         self.m.cq = 1
         self.m.cq_max_in = max(m.in_pad for m in self._packed)
-        for k in DENSE_MATRICES:                    # only the codes stay resident
-            w.pop(k, None)
-        for site in w["sites"]:
-            site.pop("tables")
-            site.pop("kv")
 
     @property
     def lib(self):

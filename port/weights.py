@@ -1,6 +1,7 @@
 """The port's weights, prepared once at load: fused per-layer products laid out for `rowvecs`
 (dense float32, or the pre-rotation rows of the Cactus-Quants codes), router biases with the
-lane offsets folded in, the Walsh matrix and RoPE tables."""
+lane offsets folded in; and the Walsh matrix and RoPE tables, functions of the config.
+port/parts.py turns the prepared tensors into the model's typed parts."""
 from __future__ import annotations
 
 import math
@@ -37,7 +38,6 @@ def prepare_weights(params: dict, cfg: V2Config, cqw, device) -> dict:
         "attn_gate": torch.sigmoid(p[f"{BLOCK}/attn_gate"]),
         "d1": p[f"{BLOCK}/hadamard_mlp/d1"], "d2": p[f"{BLOCK}/hadamard_mlp/d2"],
         "d3": p[f"{BLOCK}/hadamard_mlp/d3"],
-        "walsh": walsh(cfg.hada_n).to(device),
         # mHC router: pre | post | res logits from one matvec per layer: [L, 2n+n², n·d]
         "router": torch.cat([p["stack/mhc_phi_pre"], p["stack/mhc_phi_post"],
                              p["stack/mhc_phi_res"]], -1).transpose(1, 2).contiguous(),
@@ -68,12 +68,16 @@ def prepare_weights(params: dict, cfg: V2Config, cqw, device) -> dict:
             del w[name]
         w.update(_cq_matrices(cqw, cfg, device))
     w["heads"] = {k: v for k, v in p.items() if "_head/" in k}
+    return w
+
+
+def rope_tables(cfg: V2Config, device) -> tuple:
+    """cos, sin [max_seq_len, head_dim / 2] of every position's RoPE angles."""
     hd = cfg.head_dim
     inv = 1.0 / torch.pow(torch.tensor(cfg.rope_theta, dtype=torch.float32),
                           torch.arange(0, hd, 2, dtype=torch.float32) / hd)
     ang = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float32), inv)
-    w["cos"], w["sin"] = ang.cos().to(device), ang.sin().to(device)
-    return w
+    return ang.cos().to(device), ang.sin().to(device)
 
 
 def _cq_matrices(cqw: dict, cfg: V2Config, device) -> dict:

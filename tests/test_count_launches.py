@@ -36,13 +36,13 @@ def test_triton_launches_are_recorded_not_run_and_the_hook_is_undone():
 
 @pytest.mark.skipif(fwht.triton is None, reason="no Triton")
 def test_body_counts_on_tiny(tiny_cfg, tiny_params):
-    w = V2Model.from_params(tiny_params, tiny_cfg).w
-    counts = {b: cl.count_body(V2Model(tiny_cfg, w, "cpu", backend=b, decode="graph"))
+    parts = V2Model.from_params(tiny_params, tiny_cfg).parts
+    counts = {b: cl.count_body(V2Model.new(tiny_cfg, *parts, backend=b, decode="graph"))
               for b in ("torch", "triton")}
     L = tiny_cfg.num_layers
     assert counts["triton"]["triton:_sparse_attn_kernel"] == L
     assert not any(k.startswith("triton:") for k in counts["torch"])
     assert counts["triton"]["aten.logsumexp.default"] == 2 * 20 * L    # the unfused Sinkhorn
-    again = cl.count_body(V2Model(tiny_cfg, w, "cpu", backend="triton", decode="graph"),
+    again = cl.count_body(V2Model.new(tiny_cfg, *parts, backend="triton", decode="graph"),
                           token=200)
     assert again == counts["triton"]                 # position- and token-independent

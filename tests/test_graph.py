@@ -13,7 +13,8 @@ STATE = ("k", "v", "vraw", "lanes", "hidden", "logits")
 @pytest.fixture(scope="module")
 def models(tiny_cfg, tiny_params):
     return (V2Model.from_params(tiny_params, tiny_cfg),
-            V2Model(tiny_cfg, V2Model.from_params(tiny_params, tiny_cfg).w, "cpu", decode="graph"))
+            V2Model.new(tiny_cfg, *V2Model.from_params(tiny_params, tiny_cfg).parts, device="cpu",
+                        decode="graph"))
 
 
 @given(st.lists(st.integers(0, 255), min_size=1, max_size=30), st.integers(1, 8))
@@ -48,12 +49,12 @@ def test_a_host_sync_in_the_body_is_caught(models, monkeypatch):
     state = eager.make_state()
     eager.step(5, state)
     g = DecodeGraph(eager, state)
-    real = eager._mm
+    real = eager.mm
 
     def syncing(x, wt):
         float(x.sum())            # a hidden .item(): the kind of thing a capture cannot hold
         return real(x, wt)
-    monkeypatch.setattr(eager, "_mm", syncing)
+    monkeypatch.setattr(eager, "mm", syncing)
     with pytest.raises(HostSyncError, match="_local_scalar_dense"):
         record_body_ops(g, 3)
 
@@ -72,7 +73,7 @@ def test_graph_refuses_states_it_cannot_replay(models):
                     "(tools/device_check.sh runs this)")
 def test_cuda_graph_replay_equals_eager(tiny_cfg, tiny_params):
     eager = V2Model.from_params(tiny_params, tiny_cfg, device="cuda")
-    graph = V2Model(tiny_cfg, eager.w, "cuda", decode="graph")
+    graph = V2Model.new(tiny_cfg, *eager.parts, device="cuda", decode="graph")
     a, b = eager.make_state(), graph.make_state()
     for t in range(1, 30):
         assert torch.equal(eager.step(t, a), graph.step(t, b))

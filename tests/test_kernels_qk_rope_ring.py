@@ -68,13 +68,13 @@ def test_triton_matches_twin():
 
 
 def test_twin_is_the_models_ops_bit_for_bit():
-    """q and k are exactly the model's zc + _rope (the gate: its sigmoid, up to the model's
+    """q and k are exactly the model's zc + rope (the gate: its sigmoid, up to the model's
     lane-padding trick, so compared by value there)."""
     H, KV, hd = 4, 2, 12
     qkvg, qn, kn, cos, sin, pos, slot, kr, vr = [t.cpu() for t in case(H, KV, hd, 8, 5, seed=3)]
     q, k, v, gate = qk_rope_ring_torch(qkvg, qn, kn, cos, sin, pos, slot, kr, vr, H, KV)
     c, s = cos[5][None, None], sin[5][None, None]
-    rope = V2Model._rope
+    rope = V2Model.rope
     assert torch.equal(q, rope(None, zc(qkvg[:48].view(1, H, hd), qn), c, s)[0])
     assert torch.equal(k, rope(None, zc(qkvg[48:72].view(1, KV, hd), kn), c, s)[0])
     assert rule_for("qk_rope_ring/twin", KERNEL_RULES).check(gate, sigmoid(qkvg[96:]))

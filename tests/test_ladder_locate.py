@@ -41,18 +41,18 @@ def corrupted_ring_key(layer: int, pos: int, delta: float = 1.0):
     """After the step at `pos`, the key `layer` stored in the ring is off by `delta`: every
     captured value at `pos` is right, the next positions attend to a wrong key."""
     from port.model import V2Model
-    orig = V2Model._step
+    orig = V2Model.run_step
 
-    def _step(self, token, state, logits, trace, want_logits):
-        out = orig(self, token, state, logits, trace, want_logits)
+    def run_step(self, token, state, **kw):
+        out = orig(self, token, state, **kw)
         if state.pos - 1 == pos:
             state.k[layer, :, pos % state.ring] += delta
         return out
-    V2Model._step = _step
+    V2Model.run_step = run_step
     try:
         yield
     finally:
-        V2Model._step = orig
+        V2Model.run_step = orig
 
 
 def test_a_wrong_kv_history_is_inherited_through_the_ring():

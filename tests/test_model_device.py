@@ -28,7 +28,7 @@ def meta_models(tiny_cfg, tiny_params):
 @pytest.mark.parametrize("weights", ["dense", "cq"])
 def test_every_weight_lives_on_the_model_device(meta_models, weights):
     model = meta_models[weights]
-    held = list(tensors(model.w))
+    held = list(model.tensors())
     assert len(held) > 20
     elsewhere = [(p, str(t.device)) for p, t in held if t.device.type != "meta"]
     assert elsewhere == []
@@ -38,7 +38,7 @@ def test_every_weight_lives_on_the_model_device(meta_models, weights):
 @pytest.mark.parametrize("weights", ["dense", "cq"])
 def test_steps_mix_no_devices(meta_models, tiny_cfg, weights, decode):
     # torch backend only: the Triton launch wrappers need data (meta has none).
-    model = V2Model(tiny_cfg, meta_models[weights].w, "meta", decode=decode)
+    model = V2Model.new(tiny_cfg, *meta_models[weights].parts, device="meta", decode=decode)
     state = model.make_state()
     for t in (3, 5):                   # a prefill, then one decode step
         out = model.step(t, state)

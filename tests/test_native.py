@@ -178,8 +178,9 @@ def packed(tiny_cfg, tiny_params):
 
 def test_native_cq_reads_the_packed_codes(tiny_cfg, packed):
     f, nat = packed
-    assert not any(k in nat.w for k in ("emb", "qkvg", "out", "router"))
-    assert all("tables" not in s and "kv" not in s for s in nat.w["sites"])
+    assert nat.form == "packed" and nat.embedding.table is None and nat.mhc.router is None
+    assert all(lw.qkvg is None and lw.out is None for lw in nat.layers)
+    assert all(s.tables is None and s.kv is None for s in nat.engrams)
     codes = sum(s.packed.numel() for s in f.slots if s.dtype == cact.DTYPE_CQ)
     held = sum(m.packed.numel() for m in nat._native._packed)
     assert held == codes                           # every matrix, each code once
@@ -248,11 +249,9 @@ def test_packed_refuses_bad_bands_and_widths():
 def test_native_refuses_what_it_cannot_run(tiny_cfg, tiny_params):
     with pytest.raises(ValueError, match="runs eagerly on the CPU"):
         V2Model.from_params(tiny_params, tiny_cfg, backend="native", decode="graph")
-    m = V2Model.from_params(tiny_params, tiny_cfg, weights="dense")
+    m = V2Model.from_params(tiny_params, tiny_cfg, weights="cq")       # rotated rows
     with pytest.raises(ValueError, match="dense float32"):
-        from port.native import NativeModel
-        m.w["rotate"] = True
-        NativeModel(tiny_cfg, m.w)
+        V2Model.new(tiny_cfg, *m.parts, backend="native")
 
 
 def test_native_probe_heads_match_the_torch_port(tiny_cfg, pair):

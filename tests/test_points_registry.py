@@ -56,7 +56,7 @@ def test_a_ladder_that_drifts_from_the_registry_is_refused():
 
 def test_a_port_tracing_a_renamed_point_stops_the_capture(monkeypatch):
     cfg, params, _, tokens, prompt = setup()
-    monkeypatch.setattr(V2Model, "_layer", _mutated_layer("rename", '("u", u)', '("u2", u)'))
+    monkeypatch.setattr(V2Model, "layer", _mutated_layer("rename", '("u", u)', '("u2", u)'))
     with pytest.raises(TraceError, match=r"not in it \['L00.u2'"):
         capture_port(V2Model.from_params(params, cfg), tokens[:3], 2)
 

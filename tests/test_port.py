@@ -206,7 +206,7 @@ def test_cq_model_from_a_cact_file(tmp_path, tiny_cfg, tiny_params):
     path = tmp_path / "tiny.cact"
     cact.write_cact(path, tiny_params, tiny_cfg)
     cq, dense = V2Model.from_cact(path), V2Model.from_cact(path, weights="dense")
-    assert cq.w["rotate"] and not dense.w["rotate"]
+    assert (cq.form, dense.form) == ("rotated", "dense")
     seq = _seq(tiny_cfg, 20, seed=6)
     a, b = cq.make_state(), dense.make_state()
     ref = _reference_logits(cact.read_cact(path).params, tiny_cfg, seq)

@@ -89,7 +89,7 @@ def held_mb(model) -> float:
         elif isinstance(v, (list, tuple)):
             for x in v:
                 walk(x)
-    walk(model.w)
+    walk([t for _, t in model.tensors()])
     nat = getattr(model, "_native", None)
     if nat is not None:
         walk(nat._keep)

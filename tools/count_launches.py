@@ -27,7 +27,7 @@ launches. The op sequence is position-independent (tests/test_graph.py), so one 
 `--by-function` also attributes every counted launch to the innermost of the model functions in
 `ATTRIBUTED` that was running when it was issued (the rest to "other"): the launches a fused
 kernel would replace are those of the functions it subsumes (e.g. `log_sinkhorn` for the mHC
-routing kernel, `_hadamard` plus one `zc` per layer for the Hadamard MLP kernel).
+routing kernel, `mlp` plus one `zc` per layer for the Hadamard MLP kernel).
 """
 from __future__ import annotations
 
@@ -116,8 +116,8 @@ def count_body(model: V2Model, token: int = 17) -> collections.Counter:
 
 # (owner, attribute) of the functions --by-function attributes launches to.
 ATTRIBUTED = [(model_mod, "log_sinkhorn"), (model_mod, "zc"), (model_mod, "unit_rms"),
-              (model_mod, "sigmoid"), (model_mod, "silu"), (V2Model, "_mm"),
-              (V2Model, "_hadamard"), (V2Model, "_rope"), (V2Model, "_finish")]
+              (model_mod, "sigmoid"), (model_mod, "silu"), (V2Model, "mm"),
+              (V2Model, "mlp"), (V2Model, "rope"), (V2Model, "finish")]
 
 
 @contextlib.contextmanager

@@ -80,8 +80,8 @@ cfg = V2Config.preset("tiny")
 params = init_params(cfg, 0, perturbed=True)
 for backend in ("torch", "triton"):
     cpu = V2Model.from_params(params, cfg, weights="cq", backend=backend)
-    gpu = V2Model(cfg, V2Model.from_params(params, cfg, weights="cq", device=dev).w, dev,
-                  backend=backend)
+    gpu = V2Model.new(cfg, *V2Model.from_params(params, cfg, weights="cq", device=dev).parts,
+                      device=dev, backend=backend)
     sc, sg = cpu.make_state(), gpu.make_state()
     worst = max(float((cpu.step(t, sc) - gpu.step(t, sg).cpu()).abs().max()) for t in range(1, 20))
     print(f"cq on CUDA ({backend}): 19 steps, max |logits - CPU| = {worst:.2e}")
@@ -112,7 +112,7 @@ from port.model import V2Model
 cfg = V2Config.preset("shipped")
 params = init_params(cfg, 0, perturbed=True)
 eager = V2Model.from_params(params, cfg, device="cuda")
-graph = V2Model(cfg, eager.w, "cuda", decode="graph")
+graph = V2Model.new(cfg, *eager.parts, device="cuda", decode="graph")
 sa, sb = eager.make_state(), graph.make_state()
 for t in range(1, 40):                        # warm up, capture, and past nothing yet
     eager.step(t, sa); graph.step(t, sb)
