@@ -13,26 +13,11 @@ from hypothesis import given, settings, strategies as st
 from kernels.ring import window_topk_idxs
 from kernels.sparse_attn import BLOCK, sparse_attn_torch, sparse_attn_triton, triton
 from ladder.rules import KERNEL_RULES, rule_for
+from test_kernels_sparse_attn import plain as float64_attention
 
 needs_triton = pytest.mark.skipif(triton is None, reason="no Triton wheel on this platform")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 IMPLS = {"torch": sparse_attn_torch, "triton": sparse_attn_triton}
-
-
-def float64_attention(q, k, v, idx, scale):
-    """Per query and head: softmax over the selected rows, in float64."""
-    q, k, v, idx = q.cpu().double(), k.cpu().double(), v.cpu().double(), idx.cpu()
-    T, H, D = q.shape
-    rep = H // k.shape[1]
-    out = torch.zeros(T, H, D, dtype=torch.float64)
-    for t in range(T):
-        sel = [int(j) for j in idx[t] if j >= 0]
-        for h in range(H):
-            if sel:
-                s = torch.stack([q[t, h] @ k[j, h // rep] for j in sel]) * scale
-                w = torch.softmax(s, 0)
-                out[t, h] = sum(w[n] * v[j, h // rep] for n, j in enumerate(sel))
-    return out
 
 
 def tensors(T, N, seed, H=2, KV=1, D=4):
