@@ -32,12 +32,7 @@ from kernels.layer_tail import layer_tail_torch, layer_tail_triton
 dev = "cuda"
 g = torch.Generator(device=dev).manual_seed(0)
 rnd = lambda *s: torch.randn(*s, device=dev, generator=g)
-def med(f, n=200):
-    for _ in range(20): f()
-    torch.cuda.synchronize(); ts = []
-    for _ in range(n):
-        t0 = time.perf_counter(); f(); torch.cuda.synchronize(); ts.append(time.perf_counter() - t0)
-    return sorted(ts)[n // 2] * 1e6
+from tools.gpu_timing import median_us as med
 def packed(out, k, bits):
     return torch.randint(0, 256, (out, k * bits // 8), dtype=torch.uint8, device=dev, generator=g)
 n, d, scal = 4, 512, lambda v: torch.tensor(v, device=dev)
@@ -96,12 +91,7 @@ torch.manual_seed(0)
 T, H, KV, D, N, K = 1, 8, 4, 64, 256, 256        # one decode token, the shipped window
 q, k, v = (torch.randn(*s, device="cuda") for s in ((T, H, D), (N, KV, D), (N, KV, D)))
 idx = torch.randperm(N, device="cuda")[:K][None]
-def med(f, n=200):
-    for _ in range(20): f()
-    torch.cuda.synchronize(); ts = []
-    for _ in range(n):
-        t0 = time.perf_counter(); f(); torch.cuda.synchronize(); ts.append(time.perf_counter() - t0)
-    return sorted(ts)[n // 2] * 1e6
+from tools.gpu_timing import median_us as med
 a = med(lambda: sparse_attn_torch(q, k, v, idx, 0.125))
 b = med(lambda: sparse_attn_triton(q, k, v, idx, 0.125))
 print(f"sparse_attn decode (K={K}): torch {a:.1f} us, triton {b:.1f} us, ratio {a / b:.2f}x")
