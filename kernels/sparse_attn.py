@@ -47,9 +47,19 @@ def _check(q, k_rows, v_rows, idx, sink):
 
 
 def _padded(idx, block: int):
+    """idx as int64 in whole tiles of `block` (-1 appended); the same tensor, no op launched,
+    when it already is (a graph-captured body passes a fixed, tile-aligned selection)."""
     K = idx.shape[1]
     width = max(1, -(-K // block)) * block
-    return torch.nn.functional.pad(idx.to(torch.int64), (0, width - K), value=-1)
+    idx = idx.to(torch.int64)
+    return idx if width == K else torch.nn.functional.pad(idx, (0, width - K), value=-1)
+
+
+def _unit_rows(x):
+    """float32 with unit stride along the last dim; copied only when it is not (the kernel
+    takes the other strides as arguments)."""
+    x = x.to(torch.float32)
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def sparse_attn_torch(q, k_rows, v_rows, idx, scale: float, sink=None, block: int = BLOCK):
@@ -131,13 +141,18 @@ if triton is not None:
 
 
 def sparse_attn_triton(q, k_rows, v_rows, idx, scale: float, sink=None, block: int = BLOCK):
-    """The Triton kernel: one program per (query, head). float32 in and out."""
+    """The Triton kernel: one program per (query, head). float32 in and out. Inputs already
+    float32 with unit last-dim stride (k_rows and v_rows sharing strides, e.g. ring views
+    [R, KV, hd] of [KV, R, hd]) and a tile-aligned int64 idx launch nothing but the kernel."""
     if triton is None:
         raise RuntimeError("Triton is not installed on this platform")
     _check(q, k_rows, v_rows, idx, sink)
     T, H, D = q.shape
-    q, k_rows, v_rows = (x.contiguous().to(torch.float32) for x in (q, k_rows, v_rows))
-    idx = _padded(idx, block).contiguous()
+    q, k_rows, v_rows = (_unit_rows(x) for x in (q, k_rows, v_rows))
+    if k_rows.stride() != v_rows.stride():       # the kernel walks both with one set of strides
+        k_rows, v_rows = k_rows.contiguous(), v_rows.contiguous()
+    idx = _padded(idx, block)
+    idx = idx if idx.stride(1) == 1 else idx.contiguous()
     out = torch.empty(T, H, D, dtype=torch.float32, device=q.device)
     has_sink = sink is not None
     sink_t = sink.to(torch.float32).contiguous() if has_sink else q   # unused when no sink

@@ -94,3 +94,50 @@ def test_bad_shapes_named():
         sparse_attn_torch(q, k, v, idx, 0.3, torch.zeros(3, device=DEV))
     with pytest.raises(SparseAttnError, match="backend='cuda'"):
         sparse_attn(q, k, v, idx, backend="cuda")
+
+
+def _launches_of(fn):
+    """(Triton kernels launched, aten ops that launch a device kernel) of one call, counted the
+    way tools/count_launches.py counts a decode body (launches recorded, not run)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    import count_launches as cl
+    from port.graph import BodyRecorder
+    with cl.triton_launches() as kernels, BodyRecorder("sparse_attn_triton") as rec:
+        fn()
+    return kernels, [op for op, _, _ in rec.ops if cl.launches_op(op)]
+
+
+@needs_triton
+def test_ring_views_and_aligned_idx_launch_only_the_kernel():
+    """The decode body passes ring views [R, KV, hd] of [L, KV, R, hd] and a tile-aligned int64
+    selection: the wrapper must neither copy nor pad them (each copy is a launch per layer)."""
+    g = torch.Generator().manual_seed(5)
+    L, KV, R, hd, T, H = 2, 2, 24, 12, 2, 4
+    k_ring, v_ring = (torch.randn(L, KV, R, hd, generator=g).to(DEV) for _ in range(2))
+    k_rows, v_rows = k_ring[1].transpose(0, 1), v_ring[1].transpose(0, 1)
+    assert not k_rows.is_contiguous()
+    q = torch.randn(T, H, hd, generator=g).to(DEV)
+    idx = torch.randint(-1, R, (T, 32), generator=g).to(DEV)
+    sink = torch.randn(H, generator=g).to(DEV)
+    kernels, ops = _launches_of(lambda: sparse_attn_triton(q, k_rows, v_rows, idx, 0.3, sink))
+    assert kernels == ["_sparse_attn_kernel"] and ops == []
+    got = sparse_attn_triton(q, k_rows, v_rows, idx, 0.3, sink)
+    want = sparse_attn_triton(q, k_rows.contiguous(), v_rows.contiguous(), idx, 0.3, sink)
+    assert torch.equal(got, want)
+
+
+@needs_triton
+def test_copies_only_what_the_kernel_cannot_walk():
+    """A short idx is padded (one op); v with other strides than k is made contiguous (one
+    copy; k already is); the results do not change."""
+    q, k, v, idx = case(K=9)
+    names = lambda ops: sorted(op.split(".")[1] for op in ops)
+    assert names(_launches_of(lambda: sparse_attn_triton(q, k, v, idx, 0.3))[1]) == \
+        ["constant_pad_nd"]
+    vt = v.transpose(0, 1).contiguous().transpose(0, 1)              # same values, other strides
+    assert names(_launches_of(lambda: sparse_attn_triton(q, k, vt, idx, 0.3))[1]) == \
+        ["clone", "constant_pad_nd"]
+    assert torch.equal(sparse_attn_triton(q, k, vt, idx, 0.3),
+                       sparse_attn_triton(q, k, v, idx, 0.3))
