@@ -2,7 +2,12 @@
 
     xn = (1 + gain) · x / sqrt(mean(x²) + eps)     kind "zc"   (zero-centred, the block norms)
     xn = x · rsqrt(mean(x²) + eps)                 kind "unit" (the mHC router input)
+    xn = x                                         kind "none" (a plain product)
+    xn = x · gain                                  kind "mul"  (elementwise: attention's o·gate)
     y  = xn @ W
+
+`out=` (a float32 [N] unit-stride tensor, e.g. a slice of a bigger buffer) receives y in place
+of a fresh allocation.
 
 The norm runs over the whole input, which may be a 2-D strided view [R, C] read as one vector
 of K = R·C values (the mHC lanes [n, d], possibly one row expanded n times: no copy launched).
@@ -26,7 +31,7 @@ import torch
 from .cq_gemv import GROUP, cq_gemv_torch, _check as _check_cq
 from .fwht import fwht_torch
 
-KINDS = ("zc", "unit")
+KINDS = ("zc", "unit", "none", "mul")     # the kernels' KIND is the index
 
 try:
     import triton
@@ -53,37 +58,62 @@ def _check_norm(x, gain, kind):
         raise NormGemvError(f"kind={kind!r} is not one of {KINDS}")
     if x.dtype != torch.float32 or x.numel() == 0:
         raise NormGemvError(f"x must be non-empty float32, got {x.dtype} {list(x.shape)}")
-    if kind == "zc" and (gain is None or gain.shape != (x.numel(),) or gain.dtype != x.dtype):
-        raise NormGemvError(f"kind 'zc' needs a float32 gain [{x.numel()}], got "
+    needs_gain = kind in ("zc", "mul")
+    if needs_gain and (gain is None or gain.shape != (x.numel(),) or gain.dtype != x.dtype):
+        raise NormGemvError(f"kind {kind!r} needs a float32 gain [{x.numel()}], got "
                             f"{None if gain is None else (gain.dtype, list(gain.shape))}")
+    if not needs_gain and gain is not None:
+        raise NormGemvError(f"kind {kind!r} takes no gain (gain must be None), got "
+                            f"{gain.dtype} {list(gain.shape)}")
+
+
+def _check_out(out, n, x):
+    """None, or where y goes: float32 [n], unit stride, on x's device."""
+    if out is not None and (out.dim() != 1 or out.shape[0] != n or out.dtype != torch.float32
+                            or not out.is_contiguous() or out.device != x.device):
+        raise NormGemvError(f"out must be a contiguous float32 [{n}] on {x.device}, got "
+                            f"{out.dtype} {list(out.shape)} stride {out.stride()} on "
+                            f"{out.device}")
 
 
 def rms_norm_torch(x, gain, kind: str, eps: float = 1e-6):
-    """The model's two norms over all of x (flattened), in its op order."""
+    """The model's input transforms over all of x (flattened), in its op order."""
     _check_norm(x, gain, kind)
     v = x.reshape(-1)
+    if kind == "none":
+        return v
+    if kind == "mul":
+        return v * gain
     ms = (v * v).mean(-1, keepdim=True) + eps
     return (1.0 + gain) * v / torch.sqrt(ms) if kind == "zc" else v * torch.rsqrt(ms)
+
+
+def _into(y, out):
+    return y if out is None else out.copy_(y)
 
 
 def _rotated(xn, k_pad):
     return fwht_torch(torch.nn.functional.pad(xn, (0, k_pad - xn.shape[0])))
 
 
-def norm_gemv_torch(x, gain, w_t, kind: str, rotate: bool = False, eps: float = 1e-6):
+def norm_gemv_torch(x, gain, w_t, kind: str, rotate: bool = False, eps: float = 1e-6,
+                    out=None):
     """-> y [N] = norm(x) @ w_t (dense float32 weight; see the module docstring)."""
     xn = rms_norm_torch(x, gain, kind, eps)
     _check_dense(xn.shape[0], w_t, rotate)
+    _check_out(out, w_t.shape[1], x)
     if rotate:
         xn = _rotated(xn, w_t.shape[0])
-    return xn @ w_t
+    return _into(xn @ w_t, out)
 
 
-def norm_cq_gemv_torch(x, gain, kind, packed, norms, levels, bits: int, eps: float = 1e-6):
+def norm_cq_gemv_torch(x, gain, kind, packed, norms, levels, bits: int, eps: float = 1e-6,
+                       out=None):
     """-> y [out] = codes(W) · rotate(pad(norm(x))) (cq_gemv's contract after the norm)."""
     xn = rms_norm_torch(x, gain, kind, eps)
-    return cq_gemv_torch(packed, norms, levels, bits, _rotated(xn, _k_pad(xn.shape[0], packed,
-                                                                           bits)))
+    _check_out(out, packed.shape[0], x)
+    return _into(cq_gemv_torch(packed, norms, levels, bits,
+                               _rotated(xn, _k_pad(xn.shape[0], packed, bits))), out)
 
 
 def _k_pad(k, packed, bits):
@@ -109,13 +139,24 @@ if triton is not None:
         return tl.load(x_ptr + (k // C) * sx0 + (k % C) * sx1, mask=k < K, other=0.0)
 
     @triton.jit
-    def _normed(x_ptr, g_ptr, k, K, C, sx0, sx1, ms, KIND_ZC: tl.constexpr):
+    def _normed(x_ptr, g_ptr, k, K, C, sx0, sx1, ms, KIND: tl.constexpr):
         x = _load_flat(x_ptr, k, K, C, sx0, sx1)
-        if KIND_ZC:
+        if KIND == 0:                                                   # zc
             x = (1.0 + tl.load(g_ptr + k, mask=k < K, other=0.0)) * x / tl.sqrt(ms)
-        else:
+        elif KIND == 1:                                                 # unit
             x = x * (1.0 / tl.sqrt(ms))
+        elif KIND == 3:                                                 # mul
+            x = x * tl.load(g_ptr + k, mask=k < K, other=0.0)
         return x
+
+    @triton.jit
+    def _input_ms(x_ptr, K, C, sx0, sx1, eps, KIND: tl.constexpr, BLOCK_K: tl.constexpr):
+        """mean(x²) + eps for the two norms; the other kinds never read it."""
+        if KIND <= 1:
+            ms = _mean_square(x_ptr, K, C, sx0, sx1, eps, BLOCK_K)
+        else:
+            ms = 1.0
+        return ms
 
     @triton.jit
     def _mean_square(x_ptr, K, C, sx0, sx1, eps, BLOCK_K: tl.constexpr):
@@ -138,15 +179,15 @@ if triton is not None:
 
     @triton.jit
     def _norm_gemv_kernel(x_ptr, g_ptr, w_ptr, y_ptr, K, C, sx0, sx1, KW, N, swk, swn, eps,
-                          scale, KIND_ZC: tl.constexpr, ROTATE: tl.constexpr,
+                          scale, KIND: tl.constexpr, ROTATE: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         o = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         omask = o < N
-        ms = _mean_square(x_ptr, K, C, sx0, sx1, eps, BLOCK_K)
+        ms = _input_ms(x_ptr, K, C, sx0, sx1, eps, KIND, BLOCK_K)
         acc = tl.zeros((BLOCK_N,), tl.float32)
         for k0 in range(0, KW, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
-            xn = _normed(x_ptr, g_ptr, k, K, C, sx0, sx1, ms, KIND_ZC)
+            xn = _normed(x_ptr, g_ptr, k, K, C, sx0, sx1, ms, KIND)
             if ROTATE:
                 xn = _rotate128(xn, scale, BLOCK_K)
             w = tl.load(w_ptr + k[:, None] * swk + o[None, :] * swn,
@@ -156,15 +197,15 @@ if triton is not None:
 
     @triton.jit
     def _norm_cq_gemv_kernel(x_ptr, g_ptr, p_ptr, n_ptr, l_ptr, y_ptr, K, C, sx0, sx1, out,
-                             row_bytes, groups, eps, scale, KIND_ZC: tl.constexpr,
+                             row_bytes, groups, eps, scale, KIND: tl.constexpr,
                              BITS: tl.constexpr, BLOCK_R: tl.constexpr, G: tl.constexpr):
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         rmask = r < out
-        ms = _mean_square(x_ptr, K, C, sx0, sx1, eps, G)
+        ms = _input_ms(x_ptr, K, C, sx0, sx1, eps, KIND, G)
         kk = tl.arange(0, G)
         acc = tl.zeros((BLOCK_R,), tl.float32)
         for g in range(0, groups):
-            xr = _rotate128(_normed(x_ptr, g_ptr, g * G + kk, K, C, sx0, sx1, ms, KIND_ZC),
+            xr = _rotate128(_normed(x_ptr, g_ptr, g * G + kk, K, C, sx0, sx1, ms, KIND),
                             scale, G)
             code = group_codes(p_ptr, r, rmask, row_bytes, g, BITS, G)
             dot = tl.sum(tl.load(l_ptr + code) * xr[None, :], axis=1)
@@ -179,34 +220,36 @@ def _need_triton():
 
 
 def norm_gemv_triton(x, gain, w_t, kind: str, rotate: bool = False, eps: float = 1e-6,
-                     block_n: int = 32):
+                     block_n: int = 32, out=None):
     _need_triton()
     _check_norm(x, gain, kind)
     rows = _as_rows(x)
     K = rows.numel()
     _check_dense(K, w_t, rotate)
     N = w_t.shape[1]
-    y = torch.empty(N, dtype=torch.float32, device=x.device)
-    _norm_gemv_kernel[(triton.cdiv(N, block_n),)](       # kind "unit" never reads the gain
+    _check_out(out, N, x)
+    y = torch.empty(N, dtype=torch.float32, device=x.device) if out is None else out
+    _norm_gemv_kernel[(triton.cdiv(N, block_n),)](       # "unit"/"none" never read the gain
         rows, gain if gain is not None else rows, w_t, y, K, rows.shape[1], rows.stride(0),
         rows.stride(1), w_t.shape[0], N, w_t.stride(0), w_t.stride(1), eps,
-        1.0 / math.sqrt(GROUP), KIND_ZC=kind == "zc", ROTATE=rotate, BLOCK_N=block_n,
+        1.0 / math.sqrt(GROUP), KIND=KINDS.index(kind), ROTATE=rotate, BLOCK_N=block_n,
         BLOCK_K=GROUP)
     return y
 
 
 def norm_cq_gemv_triton(x, gain, kind, packed, norms, levels, bits: int, eps: float = 1e-6,
-                        block_rows: int = 16):
+                        block_rows: int = 16, out=None):
     _need_triton()
     _check_norm(x, gain, kind)
     rows = _as_rows(x)
     k_pad = _k_pad(rows.numel(), packed, bits)
     _check_cq(packed, norms, levels, bits, torch.empty(k_pad, device="meta"))  # shapes only
-    out = packed.shape[0]
-    y = torch.empty(out, dtype=torch.float32, device=x.device)
-    _norm_cq_gemv_kernel[(triton.cdiv(out, block_rows),)](
+    n_out = packed.shape[0]
+    _check_out(out, n_out, x)
+    y = torch.empty(n_out, dtype=torch.float32, device=x.device) if out is None else out
+    _norm_cq_gemv_kernel[(triton.cdiv(n_out, block_rows),)](
         rows, gain if gain is not None else rows, packed.contiguous(), norms.contiguous(),
         levels.to(torch.float32).contiguous(), y, rows.numel(), rows.shape[1], rows.stride(0),
-        rows.stride(1), out, packed.shape[1], k_pad // GROUP, eps, 1.0 / math.sqrt(GROUP),
-        KIND_ZC=kind == "zc", BITS=bits, BLOCK_R=block_rows, G=GROUP)
+        rows.stride(1), n_out, packed.shape[1], k_pad // GROUP, eps, 1.0 / math.sqrt(GROUP),
+        KIND=KINDS.index(kind), BITS=bits, BLOCK_R=block_rows, G=GROUP)
     return y

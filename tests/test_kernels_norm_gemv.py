@@ -27,7 +27,8 @@ def float64_input(x, gain, kind, k_pad=None):
     """norm(x) in float64, zero-padded to k_pad and rotated per 128-group when k_pad is given."""
     v = x.cpu().double().reshape(-1)
     rms = torch.sqrt((v * v).mean() + 1e-6)
-    xn = (1 + gain.cpu().double()) * v / rms if kind == "zc" else v / rms
+    xn = {"zc": lambda: (1 + gain.cpu().double()) * v / rms, "unit": lambda: v / rms,
+          "none": lambda: v, "mul": lambda: v * gain.cpu().double()}[kind]()
     if k_pad is None:
         return xn
     xn = torch.cat([xn, torch.zeros(k_pad - xn.shape[0], dtype=torch.float64)])
@@ -40,7 +41,7 @@ def dense_case(shape, n_out, kind, rotate, seed, expand=False):
     if expand:                                   # the first layer's lanes: one row, n times
         x = x[:1].expand(*shape)
     k = x.numel()
-    gain = 0.2 * torch.randn(k, generator=g) if kind == "zc" else None
+    gain = 0.2 * torch.randn(k, generator=g) if kind in ("zc", "mul") else None
     k_w = -(-k // 128) * 128 if rotate else k
     w = torch.randn(n_out, k_w, generator=g) / math.sqrt(k_w)     # rows [out, in] as held
     to = lambda t: None if t is None else t.to(DEV)
@@ -48,7 +49,9 @@ def dense_case(shape, n_out, kind, rotate, seed, expand=False):
 
 
 DENSE = [((48,), 37, "zc", False, False), ((4, 48), 50, "unit", False, True),
-         ((200,), 20, "zc", True, False), ((4, 48), 24, "unit", True, True)]
+         ((200,), 20, "zc", True, False), ((4, 48), 24, "unit", True, True),
+         ((4, 12), 33, "none", False, False), ((4, 12), 30, "mul", False, False),
+         ((150,), 20, "none", True, False), ((150,), 36, "mul", True, False)]
 
 
 @pytest.mark.parametrize("name,impl", [("twin", norm_gemv_torch), pytest.param(
@@ -69,14 +72,15 @@ def cq_case(bits, k, out, kind, seed):
     norms = (torch.rand(out, k_pad // 128, generator=g) + 0.5).half()
     levels = torch.randn(1 << bits, generator=g) * 0.1
     x = torch.randn(k, generator=g)
-    gain = 0.2 * torch.randn(k, generator=g) if kind == "zc" else None
+    gain = 0.2 * torch.randn(k, generator=g) if kind in ("zc", "mul") else None
     args = [x, gain, kind, pack_by_hand(codes, bits), norms, levels, bits]
     return [a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args], codes
 
 
 @pytest.mark.parametrize("name,impl", [("twin", norm_cq_gemv_torch), pytest.param(
     "triton", norm_cq_gemv_triton, marks=needs_triton)])
-@pytest.mark.parametrize("bits,kind", [(2, "zc"), (3, "unit"), (4, "zc")])
+@pytest.mark.parametrize("bits,kind", [(2, "zc"), (3, "unit"), (4, "zc"), (2, "none"),
+                                       (3, "mul")])
 def test_cq_against_float64(name, impl, bits, kind):
     args, codes = cq_case(bits, 200, 37, kind, seed=bits)
     x, gain, _, _, norms, levels, _ = args
@@ -97,6 +101,14 @@ def test_triton_matches_twin():
     args, _ = cq_case(2, 300, 40, "unit", seed=12)
     assert rule_for("norm_gemv/triton_vs_twin", KERNEL_RULES).check(
         norm_cq_gemv_triton(*args).cpu(), norm_cq_gemv_torch(*args).cpu())
+    for kind in ("none", "mul"):
+        x, gain, w_t, _ = dense_case((3, 50), 40, kind, kind == "mul", seed=13)
+        assert rule_for("norm_gemv/triton_vs_twin", KERNEL_RULES).check(
+            norm_gemv_triton(x, gain, w_t, kind, kind == "mul").cpu(),
+            norm_gemv_torch(x, gain, w_t, kind, kind == "mul").cpu())
+        args, _ = cq_case(4, 130, 20, kind, seed=14)
+        assert rule_for("norm_gemv/triton_vs_twin", KERNEL_RULES).check(
+            norm_cq_gemv_triton(*args).cpu(), norm_cq_gemv_torch(*args).cpu())
 
 
 def test_twin_norms_are_the_models_bit_for_bit():
@@ -119,6 +131,38 @@ def test_bad_inputs_named():
     args[3] = args[3][:, :16]                      # 64 codes: fewer than K=200
     with pytest.raises(NormGemvError, match="hold 64 2-bit codes"):
         norm_cq_gemv_torch(*args)
+    with pytest.raises(NormGemvError, match=r"kind 'none' takes no gain"):
+        norm_gemv_torch(x, gain, w_t, "none")
+    with pytest.raises(NormGemvError, match=r"kind 'mul' needs a float32 gain \[48\]"):
+        norm_gemv_torch(x, gain[:47], w_t, "mul")
+    buf = torch.zeros(20, device=DEV)
+    for bad in (buf[:9], buf[::2], buf.double()[:10], buf[:10, None]):
+        with pytest.raises(NormGemvError, match=r"out must be a contiguous float32 \[10\]"):
+            norm_gemv_torch(x, gain, w_t, "zc", out=bad)
+        if triton:
+            with pytest.raises(NormGemvError, match=r"out must be a contiguous float32 \[10\]"):
+                norm_gemv_triton(x, gain, w_t, "zc", out=bad)
+    assert torch.equal(buf, torch.zeros(20, device=DEV))
+
+
+@pytest.mark.parametrize("name", ["twin", pytest.param("triton", marks=needs_triton)])
+def test_out_writes_a_slice_and_nothing_else(name):
+    """out= is where y lands (e.g. one part of a q|k|v buffer): the same bits as a fresh y, and
+    the rest of the buffer untouched."""
+    dense = {"twin": norm_gemv_torch, "triton": norm_gemv_triton}[name]
+    packed = {"twin": norm_cq_gemv_torch, "triton": norm_cq_gemv_triton}[name]
+    x, gain, w_t, _ = dense_case((4, 12), 20, "mul", False, seed=4)
+    buf = torch.full((50,), 7.0, device=DEV)
+    y = dense(x, gain, w_t, "mul", out=buf[10:30])
+    assert y.data_ptr() == buf[10:].data_ptr()
+    assert torch.equal(buf[10:30], dense(x, gain, w_t, "mul"))
+    assert torch.equal(buf[:10], torch.full((10,), 7.0, device=DEV))
+    assert torch.equal(buf[30:], torch.full((20,), 7.0, device=DEV))
+    args, _ = cq_case(3, 150, 17, "zc", seed=6)
+    buf = torch.full((40,), 7.0, device=DEV)
+    packed(*args, out=buf[3:20])
+    assert torch.equal(buf[3:20], packed(*args))
+    assert torch.equal(torch.cat([buf[:3], buf[20:]]), torch.full((23,), 7.0, device=DEV))
 
 
 @pytest.mark.parametrize("bits", [2, 4, 5])                 # 5 = ternary, stored as crumbs
