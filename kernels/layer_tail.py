@@ -8,7 +8,9 @@
 a is the output product of the attention, bx the block input (u plus the Engram injection), u
 the lane mix, P / hpost the layer's routing (kernels/mhc_route.py), X the lanes before the layer
 (any strides). attn_gate is a 0-d device tensor. The kernel holds d in the Hadamard tile and
-walks the n lanes; the twin is the model's op order.
+walks the n lanes; the twin is the model's op order. Both return (X', y): y is stored by the
+same launch (the trace's block output). `out=` takes X' in place of a fresh [n, d] buffer; it
+must not overlap X, which every lane of X' reads.
 """
 from __future__ import annotations
 
@@ -43,14 +45,36 @@ def _check(a, bx, u, X, P, hpost, post, attn_gate, pre_hada, d1, d2, d3):
     return n, d, n_h
 
 
+def _span(t):
+    """[first, last) byte addresses t's elements can occupy (host metadata, no device read)."""
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _check_out(out, X):
+    if out is None:
+        return
+    n, d = X.shape
+    if (tuple(out.shape) != (n, d) or out.dtype != torch.float32 or not out.is_contiguous()
+            or out.device != X.device):
+        raise LayerTailError(f"out must be a contiguous float32 [{n}, {d}] on {X.device}, got "
+                             f"{out.dtype} {list(out.shape)} stride {out.stride()} on "
+                             f"{out.device}")
+    (o0, o1), (x0, x1) = _span(out), _span(X)
+    if out.device == X.device and o0 < x1 and x0 < o1:
+        raise LayerTailError("out must not overlap X (every lane of X' reads all of X)")
+
+
 def layer_tail_torch(a, bx, u, X, P, hpost, post, attn_gate, pre_hada, d1, d2, d3,
-                     eps: float = 1e-6):
-    """-> the new lanes X' [n, d]."""
+                     eps: float = 1e-6, *, out=None):
+    """-> (the new lanes X' [n, d], the block output y [d])."""
     _check(a, bx, u, X, P, hpost, post, attn_gate, pre_hada, d1, d2, d3)
+    _check_out(out, X)
     ap = (1.0 + post) * a / torch.sqrt((a * a).mean(-1, keepdim=True) + eps)
     z = bx + attn_gate * ap
     y = z + hadamard_mlp_torch(z, pre_hada, d1, d2, d3, eps) - u
-    return P @ X + hpost[:, None] * y[None, :]
+    new = P @ X + hpost[:, None] * y[None, :]
+    return (new if out is None else out.copy_(new)), y
 
 
 if triton is not None:
@@ -65,8 +89,8 @@ if triton is not None:
 
     @triton.jit
     def _layer_tail_kernel(a_ptr, bx_ptr, u_ptr, x_ptr, p_ptr, hp_ptr, post_ptr, ag_ptr,
-                           ph_ptr, d1_ptr, d2_ptr, d3_ptr, out_ptr, n, d, sx0, sx1, eps, scale,
-                           A: tl.constexpr, B: tl.constexpr):
+                           ph_ptr, d1_ptr, d2_ptr, d3_ptr, out_ptr, y_ptr, n, d, sx0, sx1, eps,
+                           scale, A: tl.constexpr, B: tl.constexpr):
         idx = tl.arange(0, A)[:, None] * B + tl.arange(0, B)[None, :]
         real = idx < d
         z = _ld(bx_ptr, idx, real) + tl.load(ag_ptr) * _zc_tile(
@@ -77,6 +101,7 @@ if triton is not None:
         t = t * tl.sigmoid(t)
         mo = tl.load(d3_ptr + idx) * (_walsh_tile(t, A, B) * scale)
         y = tl.where(real, z + mo - _ld(u_ptr, idx, real), 0.0)
+        tl.store(y_ptr + idx, y, mask=real)
         for lane in range(0, n):
             acc = tl.zeros((A, B), tl.float32)
             for k in range(0, n):
@@ -86,15 +111,17 @@ if triton is not None:
 
 
 def layer_tail_triton(a, bx, u, X, P, hpost, post, attn_gate, pre_hada, d1, d2, d3,
-                      eps: float = 1e-6):
+                      eps: float = 1e-6, *, out=None):
     if triton is None:
         raise RuntimeError("Triton is not installed on this platform")
     n, d, n_h = _check(a, bx, u, X, P, hpost, post, attn_gate, pre_hada, d1, d2, d3)
+    _check_out(out, X)
     vecs = [t.contiguous() for t in (a, bx, u, P, hpost, post, pre_hada, d1, d2, d3)]  # no-ops
     a, bx, u, P, hpost, post, pre_hada, d1, d2, d3 = vecs
-    out = torch.empty(n, d, dtype=torch.float32, device=X.device)
+    out = torch.empty(n, d, dtype=torch.float32, device=X.device) if out is None else out
+    y = torch.empty(d, dtype=torch.float32, device=X.device)
     rows = 1 << (n_h.bit_length() - 1) // 2
     _layer_tail_kernel[(1,)](a, bx, u, X, P, hpost, post, attn_gate, pre_hada, d1, d2, d3, out,
-                             n, d, X.stride(0), X.stride(1), eps, 1.0 / math.sqrt(n_h),
+                             y, n, d, X.stride(0), X.stride(1), eps, 1.0 / math.sqrt(n_h),
                              A=rows, B=n_h // rows)
-    return out
+    return out, y

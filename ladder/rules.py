@@ -320,7 +320,7 @@ KERNEL_RULES = {
                                      "a sigmoid vs float64: measured <= 1e-7 of max|ref| (twin "
                                      "and kernel)"),
     "layer_tail/*": Rule(1e-6, why="two ZC norms, the Hadamard MLP, an n-term lane merge in f32 "
-                                   "vs float64: measured <= 1.3e-7 of max|X'|"),
+                                   "vs float64: measured <= 1.3e-7 of max|X'|, y <= 1.1e-7"),
 }
 
 

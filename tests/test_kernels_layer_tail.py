@@ -26,7 +26,7 @@ def float64_tail(a, bx, u, X, P, hpost, post, attn_gate, pre_hada, d1, d2, d3, e
                                        for t in (a, bx, u, X, P, hpost, post, attn_gate))
     z = bx + ag * (1 + post) * a / math.sqrt(float((a * a).mean()) + eps)
     y = z + float64_mlp(z, pre_hada, d1, d2, d3, eps) - u
-    return P @ X + hpost[:, None] * y[None, :]
+    return P @ X + hpost[:, None] * y[None, :], y
 
 
 IMPLS = [("twin", layer_tail_torch), pytest.param(
@@ -38,16 +38,39 @@ IMPLS = [("twin", layer_tail_torch), pytest.param(
                                                (3, 100, 128, False)])
 def test_against_float64(name, impl, n, d, hada_n, expand):
     args = case(n, d, hada_n, seed=n + d, expand=expand)
-    got = impl(*args)
-    assert got.device == args[0].device and got.shape == (n, d)
-    assert rule_for(f"layer_tail/{name}", KERNEL_RULES).check(got.cpu(), float64_tail(*args))
+    got, y = impl(*args)
+    assert got.device == args[0].device and got.shape == (n, d) and y.shape == (d,)
+    want, want_y = float64_tail(*args)
+    assert rule_for(f"layer_tail/{name}", KERNEL_RULES).check(got.cpu(), want)
+    assert rule_for(f"layer_tail/{name}", KERNEL_RULES).check(y.cpu(), want_y)
 
 
 @pytest.mark.skipif(triton is None, reason="no Triton")
 def test_triton_matches_twin():
     args = case(4, 200, 256, seed=8)
-    assert rule_for("layer_tail/triton_vs_twin", KERNEL_RULES).check(
-        layer_tail_triton(*args).cpu(), layer_tail_torch(*args).cpu())
+    for a, b in zip(layer_tail_triton(*args), layer_tail_torch(*args)):
+        assert rule_for("layer_tail/triton_vs_twin", KERNEL_RULES).check(a.cpu(), b.cpu())
+
+
+@pytest.mark.parametrize("name,impl", IMPLS)
+def test_out_takes_the_lanes(name, impl):
+    """out= receives X' (the same bits as a fresh buffer); nothing else of it is written."""
+    args = case(3, 40, 64, seed=4)
+    buf = torch.full((5, 40), 7.0, device=DEV)
+    new, y = impl(*args, out=buf[1:4])
+    assert new.data_ptr() == buf[1].data_ptr()
+    fresh, fresh_y = impl(*args)
+    assert torch.equal(buf[1:4], fresh) and torch.equal(y, fresh_y)
+    assert torch.equal(buf[[0, 4]], torch.full((2, 40), 7.0, device=DEV))
+
+
+@pytest.mark.skipif(triton is None, reason="no Triton")
+def test_one_launch_and_no_aten_op():
+    from tests.test_kernels_sparse_attn import _launches_of
+    args = case(4, 48, 64, seed=3, expand=True)
+    out = torch.empty(4, 48, device=DEV)
+    kernels, ops = _launches_of(lambda: layer_tail_triton(*args, out=out))
+    assert kernels == ["_layer_tail_kernel"] and ops == []
 
 
 def test_bad_inputs_named():
@@ -58,3 +81,13 @@ def test_bad_inputs_named():
         layer_tail_torch(*args[:3], args[3][:, :40], *args[4:])
     with pytest.raises(LayerTailError, match=r"attn_gate must be float32 \[\]"):
         layer_tail_torch(*args[:7], args[7][None], *args[8:])
+    buf = torch.zeros(8, 48, device=DEV)
+    impls = [layer_tail_torch] + ([layer_tail_triton] if triton else [])
+    for impl in impls:
+        for bad in (buf[:3], buf[:4, :40], buf[:4].double(), buf[::2]):
+            with pytest.raises(LayerTailError, match=r"out must be a contiguous float32 \[4, 48\]"):
+                impl(*args, out=bad)
+        X = buf[:4]
+        with pytest.raises(LayerTailError, match="out must not overlap X"):
+            impl(*args[:3], X, *args[4:], out=buf[3:7])
+    assert torch.equal(buf, torch.zeros(8, 48, device=DEV))
