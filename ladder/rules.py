@@ -326,6 +326,9 @@ KERNEL_RULES = {
                                        "packed weights) and a 4-tap convolution vs float64: "
                                        "the twin measured <= 1.3e-7 of max|kv|, the kernel "
                                        "<= 3.8e-7 (tiny shapes, 5 seeds); norm_gemv's bound"),
+    "final_norm/*": Rule(1e-6, why="an n-lane mean and a ZC norm over d in f32 vs float64: "
+                                   "measured <= 9e-8 of max|mean| and <= 1.9e-7 of max|hidden| "
+                                   "(twin and kernel, d <= 512, 5 seeds)"),
 }
 
 
