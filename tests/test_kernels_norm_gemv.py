@@ -180,3 +180,19 @@ def test_packed_path_reads_the_ports_cq_weights(bits):
             ([("triton", norm_cq_gemv_triton)] if triton else []):
         got = impl(x.to(DEV), gain.to(DEV), "zc", *ops).cpu()
         assert rule_for("norm_gemv/triton_vs_twin", KERNEL_RULES).check(got, want), name
+
+
+@needs_triton
+@pytest.mark.parametrize("kind", ["zc", "mul"])
+def test_one_launch_and_no_aten_op(kind):
+    """In the decode body's layout (expanded lanes, [in, out] weight views, packed operands as
+    stored, out= a slice) each product is its kernel's launch and nothing else."""
+    from tests.test_kernels_sparse_attn import _launches_of
+    x, gain, w_t, _ = dense_case((4, 48), 30, kind, True, seed=2, expand=True)
+    buf = torch.empty(64, device=DEV)
+    kernels, ops = _launches_of(lambda: norm_gemv_triton(x, gain, w_t, kind, True,
+                                                         out=buf[4:34]))
+    assert kernels == ["_norm_gemv_kernel"] and ops == []
+    args, _ = cq_case(3, 150, 20, kind, seed=3)
+    kernels, ops = _launches_of(lambda: norm_cq_gemv_triton(*args, out=buf[40:60]))
+    assert kernels == ["_norm_cq_gemv_kernel"] and ops == []
