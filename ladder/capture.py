@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from reference.decode import forward_cached, init_kv_cache
-from .points import check_ladder, check_native_captures
+from .points import check_ladder, check_native_captures, expected
 from .trace import Ladder, PortRecorder, ReferenceRecorder, TraceError, schedule
 
 
@@ -63,14 +63,18 @@ def capture_port(model, tokens, prompt_len: int, *, window=None, keep=None,
         state.set_kv_window(window, model)
         if plain is not None:
             plain.set_kv_window(window, model)
+    hideable = getattr(model, "hidden_points", {})
     for st in steps:
         rec = PortRecorder(ladder, st, keep=keep)
+        prefill = st.name == "prefill"      # traced as prefill_batch computes it
         for tok in st.tokens:
             rec.next_position()
-            model.step_traced(int(tok), state, None, rec)
+            model.step_traced(int(tok), state, None, rec, prefill=prefill)
             if progress is not None:
                 progress.update()
         rec.finish()
+        if hideable:
+            note_hidden(ladder, st, model.cfg, hideable, keep)
         if plain is not None:
             traced = state.logits
             if st.name == "prefill":
@@ -89,3 +93,14 @@ def capture_port(model, tokens, prompt_len: int, *, window=None, keep=None,
                                  f"the plain run's")
     check_ladder(ladder, model.cfg, keep)
     return ladder
+
+
+def note_hidden(ladder: Ladder, st, cfg, hideable: dict, keep=None) -> None:
+    """Registry points the step did not trace that the model declares hidden by fusion
+    (`model.hidden_points`: per-layer name -> the kernel holding it) go to `ladder.hidden`
+    with that reason; any other missing point is left for check_ladder to refuse."""
+    got = set(ladder.points(st.name))
+    for name, _ in expected(cfg):
+        base = name.split(".", 1)[1] if "." in name else name
+        if name not in got and base in hideable and (keep is None or keep(name)):
+            ladder.hidden[f"{st.name}/{name}"] = f"fused: {hideable[base]}"

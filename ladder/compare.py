@@ -229,6 +229,7 @@ class Comparison:
     a_label: str
     b_label: str
     steps: list = field(default_factory=list)
+    hidden: list = field(default_factory=list)   # ("{step}/{point}", why): fused away, unjudged
 
     @property
     def passed(self) -> bool:
@@ -273,6 +274,8 @@ class Comparison:
         w = self.worst()
         if w is not None:
             lines.append(f"  worst:  {w}")
+        if self.hidden:
+            lines.append("  " + hidden_text(self.hidden))
         if self.first is not None:
             lines.append(f"  first divergence: {self.first}")
         if self.logits:
@@ -284,6 +287,21 @@ class Comparison:
                          f"ties), top-{self.rules.logits.topk} {topk}/{len(self.logits)}, "
                          f"max KL {kl:.3g} nats")
         return "\n".join(lines)
+
+
+def hidden_text(hidden: list) -> str:
+    """One line naming the points a fused run could not show: per point name, the steps and
+    layers it is missing from and the kernel that kept it."""
+    names, steps, layers = {}, set(), set()
+    for key, why in hidden:
+        step, point = key.split("/", 1)
+        steps.add(step)
+        if layer_of(point) is not None:
+            layers.add(layer_of(point))
+        names.setdefault(point.split(".", 1)[-1], why)
+    where = f"{len(steps)} step(s)" + (f" x {len(layers)} layer(s)" if layers else "")
+    return (f"hidden by fusion (not compared), {len(hidden)} points over {where}: "
+            + "; ".join(f"{n} ({w})" for n, w in names.items()))
 
 
 def as_ruleset(rules) -> RuleSet:
@@ -298,12 +316,17 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
             [(s.name, s.pos, tuple(s.tokens)) for s in b.steps]:
         raise CompareError(f"ladders {a.label!r} and {b.label!r} come from different token "
                            f"schedules; compare runs of the same tokens")
-    rows, logit_rows = [], []
+    rows, logit_rows, hidden = [], [], []
     for st in b.steps:
         for point in _merged_order(a, b, st.name):
             key = f"{st.name}/{point}"
             pattern = rs.pattern_for(f"{prefix}/{point}")
             rule = rs.rules[pattern]
+            why = a.hidden.get(key) if key not in a else b.hidden.get(key) if key not in b \
+                else None
+            if why is not None:
+                hidden.append((key, why))
+                continue
             if key not in a or key not in b:
                 side = a.label if key not in a else b.label
                 shape = tuple((b if key in b else a)[key].shape)
@@ -322,7 +345,7 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
                                 f"argmax/top-k/KL check failed at position {bad[0].pos}")
             rows.append(row)
     return Comparison(rows, logit_rows, rs, prefix, a_label or a.label, b_label or b.label,
-                      list(b.steps))
+                      list(b.steps), hidden)
 
 
 def _with(row: PointResult, passed: bool, first_bad, note: str) -> PointResult:
@@ -337,6 +360,8 @@ def first_bit_difference(a: Ladder, b: Ladder):
     for st in b.steps:
         for point in _merged_order(a, b, st.name):
             key = f"{st.name}/{point}"
+            if (key not in a and key in a.hidden) or (key not in b and key in b.hidden):
+                continue                                 # fused away on one side
             if key not in a or key not in b or a[key].shape != b[key].shape:
                 return st.name, point, st.pos
             for j in range(a[key].shape[0]):

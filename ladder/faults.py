@@ -2,13 +2,16 @@
 `python -m ladder run --plant FAULT` demo.
 
 Every backend the project ships gets the fault in its own code:
-- torch and triton (they share V2Model's Python layer; triton swaps only the attention
-  kernel), eager or decode="graph" (the graph body runs the same `layer`): a context
+- torch, eager or decode="graph" (the graph body runs the same `layer`): a context
   manager monkeypatches port internals (module globals, V2Model and AttnRuntime methods)
   and restores them on exit; nothing under port/ is edited. Where a bug lives inside the body
   of `V2Model.layer` or `attention`, the fault recompiles that method from its own source
   with one line changed (a mutation): if the port's source moves on, the fault refuses with
   the text it looked for, instead of silently planting nothing.
+- triton: decode steps run the fused body (port/fused.py), so each fault also has a fused
+  form (`Fault.fused`) that patches the shared kernel sets (`port.fused.KERNELS`) or a
+  FusedBody method the same way: the kernel handed the wrong operand, the same bug. Prefill
+  positions run V2Model's layer and get the torch patch, so both are planted together.
 - native: the same bug as a compile-time switch of the C step (`-DNEEDLE_FAULT_...` in
   kernels/native/needle_step.c), built into its own cached library and swapped in by
   `kernels.native.planted_build`. Host-side faults (the n-gram hash is computed in Python for
@@ -53,6 +56,8 @@ class Fault:
     native: str = ""         # the C step's switch (NEEDLE_FAULT_...), or HOST: the patch above
                              # acts on host code the native backend runs too
     not_native: str = ""     # why the C step has no counterpart (when `native` is empty)
+    fused: Callable = None   # (**kw) -> context manager: the fault in the fused decode body
+                             # (None: it acts outside the body, on host code or at load)
 
     def not_in(self, backend: str) -> str:
         """Why this fault cannot be planted in `backend` ("" when it can)."""
@@ -75,6 +80,8 @@ class Fault:
                                  f"build time; parameters {sorted(kw)} apply to torch only")
             from kernels import native
             return native.planted_build(self.native)
+        if backend == "triton" and self.fused is not None:
+            return _both(self.plant(**kw), self.fused(**kw))
         return self.plant(**kw)
 
     @property
@@ -94,6 +101,36 @@ def _patched(obj, attr, value):
         yield
     finally:
         setattr(obj, attr, old)
+
+
+@contextlib.contextmanager
+def _both(a, b):
+    with a, b:
+        yield
+
+
+@contextlib.contextmanager
+def _fused_kernel(name: str, wrap):
+    """Every fused kernel set's `name` replaced by wrap(original) while planted."""
+    from port.fused import KERNELS
+    with contextlib.ExitStack() as stack:
+        for ns in KERNELS.values():
+            stack.enter_context(_patched(ns, name, wrap(getattr(ns, name))))
+        yield
+
+
+def _fused_layer(layer: int, around):
+    """FusedBody.layer with `around(body, i)` (a context manager) held while layer `layer`
+    runs."""
+    from port.fused import FusedBody
+    orig = FusedBody.layer
+
+    def run(self, i, *args, **kw):
+        if i != layer:
+            return orig(self, i, *args, **kw)
+        with around(self):
+            return orig(self, i, *args, **kw)
+    return _patched(FusedBody, "layer", run)
 
 
 def _mutated_layer(fault: str, old: str, new: str, method: str = "layer"):
@@ -146,6 +183,59 @@ def window_off_by_one(short: int = 1):
             sel[:short] = -1
         return sel
     return _patched(AttnRuntime, "selection", selection)
+
+
+def fused_sinkhorn_iters(iters: int = 19):
+    return _fused_kernel("mhc_route", lambda f: lambda *a, **k: f(*a, **{**k, "iters": iters}))
+
+
+def fused_rope_shift(layer: int = 3, shift: int = 1):
+    """The layer's q/k prelude handed the RoPE tables advanced by `shift` rows (pos+shift,
+    wrapping at max_seq_len as the torch fault does)."""
+    @contextlib.contextmanager
+    def around(body):
+        m = body.model
+        with _patched(m, "cos", m.cos.roll(-shift, 0)), _patched(m, "sin", m.sin.roll(-shift, 0)):
+            yield
+    return _fused_layer(layer, around)
+
+
+def fused_y_minus_bx():
+    """layer_tail handed bx where it subtracts u."""
+    return _fused_kernel("layer_tail", lambda f: lambda a, bx, u, *rest, **k: f(a, bx, bx, *rest,
+                                                                                **k))
+
+
+def fused_hpost_one():
+    def wrap(f):
+        def run(*a, **k):
+            hpre, u, hpost, P, alpha, bx = f(*a, **k)
+            return hpre, u, hpost * 0.5, P, alpha, bx      # exact: 1*s = (2*s)/2
+        return run
+    return _fused_kernel("mhc_route", wrap)
+
+
+def fused_attn_gate_skipped():
+    """The output product takes o itself, not o * gate."""
+    from port.fused import FusedBody
+    orig = FusedBody.product
+
+    def product(self, x, gain, kind, prod, out=None):
+        if kind == "mul":
+            return orig(self, x, None, "none", prod, out)
+        return orig(self, x, gain, kind, prod, out)
+    return _patched(FusedBody, "product", product)
+
+
+def fused_residual_gate_skipped():
+    """layer_tail handed 1 for sigmoid(attn_gate)."""
+    def wrap(f):
+        def run(*a, **k):
+            a = list(a)
+            a[7] = a[7].new_ones(())            # (a, bx, u, X, P, hpost, post, attn_gate, ...)
+            return f(*a, **k)
+        return run
+    return _fused_kernel("layer_tail", wrap)
 
 
 def hash_seed(xor: int = 1):
@@ -225,13 +315,14 @@ def _first_engram_row(cfg) -> int:
 FAULTS = {f.name: f for f in (
     Fault("sinkhorn_19", "19 log-domain Sinkhorn iterations instead of 20",
           sinkhorn_iters, lambda cfg: ("L00.hres", 0), exact=False,
-          native="NEEDLE_FAULT_SINKHORN_19"),
+          native="NEEDLE_FAULT_SINKHORN_19", fused=fused_sinkhorn_iters),
     Fault("rope_pos_plus_1", "RoPE applied at pos+1 in layer 3 (q and k)",
-          rope_shift, lambda cfg: ("L03.q", 0), native="NEEDLE_FAULT_ROPE_POS_PLUS_1"),
+          rope_shift, lambda cfg: ("L03.q", 0), native="NEEDLE_FAULT_ROPE_POS_PLUS_1",
+          fused=fused_rope_shift),
     Fault("y_minus_bx", "y = block - bx instead of block - u (differs on Engram layers only)",
           y_minus_bx,
           lambda cfg: (f"L{min(cfg.engram_layers):02d}.y", _first_engram_row(cfg)),
-          native="NEEDLE_FAULT_Y_MINUS_BX"),
+          native="NEEDLE_FAULT_Y_MINUS_BX", fused=fused_y_minus_bx),
     Fault("window_off_by_one", "attention window one position short",
           window_off_by_one, lambda cfg: ("L00.attn", cfg.kv_window - 1),
           native="NEEDLE_FAULT_WINDOW_SHORT"),
@@ -239,12 +330,13 @@ FAULTS = {f.name: f for f in (
           hash_seed, lambda cfg: ("engram_k0", _first_engram_row(cfg)), native=HOST),
     Fault("attn_gate_skipped", "attention output gate (sigmoid(gate_proj)) skipped",
           attn_gate_skipped, lambda cfg: ("L00.attn_out", 0),
-          native="NEEDLE_FAULT_ATTN_GATE_SKIPPED"),
+          native="NEEDLE_FAULT_ATTN_GATE_SKIPPED", fused=fused_attn_gate_skipped),
     Fault("residual_gate_skipped", "sigmoid(attn_gate) on the attention residual skipped",
           residual_gate_skipped, lambda cfg: ("L00.mlp_in", 0),
-          native="NEEDLE_FAULT_RESIDUAL_GATE_SKIPPED"),
+          native="NEEDLE_FAULT_RESIDUAL_GATE_SKIPPED", fused=fused_residual_gate_skipped),
     Fault("hpost_one", "hpost = 1*sigmoid(...) instead of 2*sigmoid(...) (lane write-back)",
-          hpost_one, lambda cfg: ("L00.hpost", 0), native="NEEDLE_FAULT_HPOST_ONE"),
+          hpost_one, lambda cfg: ("L00.hpost", 0), native="NEEDLE_FAULT_HPOST_ONE",
+          fused=fused_hpost_one),
     # The Engram key projection is the first CQ product in forward order (the embedding row
     # is a lookup of the dequantised table, the same on both sides).
     Fault("cq_norms_f32", "CQ group norms (float16 in the file) read as float32",

@@ -131,7 +131,8 @@ def inject(model, ref: Ladder, layer: int, pos: int, base_state) -> dict:
 
     def trace(name, i, v):
         got[point_name(name, i)] = v.detach().clone()
-    model.step_layer(layer, lanes.to(dtype), st, pos, engram=eng, trace=trace)
+    prefill = ref.steps[0].name == "prefill" and pos in ref.steps[0].positions
+    model.step_layer(layer, lanes.to(dtype), st, pos, engram=eng, trace=trace, prefill=prefill)
     return got
 
 

@@ -92,12 +92,14 @@ def expected(cfg, logits: bool = True) -> list:
 
 
 def check_ladder(ladder: Ladder, cfg, keep=None) -> None:
-    """Every step of `ladder` holds exactly the registry's points (those `keep` admits), in
-    its order, each [S, *shape]; TraceError names the first that does not."""
+    """Every step of `ladder` holds exactly the registry's points (those `keep` admits, less
+    those it names hidden by fusion), in its order, each [S, *shape]; TraceError names the
+    first that does not."""
     from reference.decode import COARSE
     check_coarse(COARSE)
-    want = [(n, s) for n, s in expected(cfg) if keep is None or keep(n)]
+    every = [(n, s) for n, s in expected(cfg) if keep is None or keep(n)]
     for st in ladder.steps:
+        want = [(n, s) for n, s in every if f"{st.name}/{n}" not in ladder.hidden]
         got = ladder.points(st.name)
         names = [n for n, _ in want]
         if got != names:

@@ -73,6 +73,9 @@ class Ladder:
     steps: list
     values: dict = field(default_factory=dict)      # insertion order = ladder order
     label: str = ""
+    # "{step}/{point}" -> why the run could not show it (a fused kernel kept it in
+    # registers): named, never silently missing. Compared as neither pass nor fail.
+    hidden: dict = field(default_factory=dict)
 
     def keys(self) -> list:
         return list(self.values)
@@ -109,8 +112,9 @@ class Ladder:
 
     def __repr__(self):
         n = sum(v.numel() for v in self.values.values())
+        hid = f", {len(self.hidden)} hidden by fusion" if self.hidden else ""
         return (f"Ladder({self.label or 'unnamed'}: {len(self.steps)} steps, "
-                f"{len(self.values)} points, {n} values)")
+                f"{len(self.values)} points{hid}, {n} values)")
 
 
 def _copy(v, dtype) -> torch.Tensor:

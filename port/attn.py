@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from kernels.sparse_attn import sparse_attn_torch, sparse_attn_triton
+from kernels.sparse_attn import BLOCK, sparse_attn_torch, sparse_attn_triton
 
 WINDOW_CLASS = 0                 # compress ratio 0
 CLASSES = (WINDOW_CLASS,)
@@ -45,7 +45,12 @@ class AttnRuntime:
         dev = state.k.device
         self.pos = torch.zeros(1, dtype=torch.int64, device=dev)        # decode position
         self.slot = torch.zeros(1, dtype=torch.int64, device=dev)       # pos % ring
-        self.idx_win = torch.full((max(state.window, 1),), -1, dtype=torch.int64, device=dev)
+        # The selection, -1-padded to whole kernel tiles (the fused body hands the kernel this,
+        # so its wrapper pads nothing); idx_win is its first `window` entries.
+        win = max(state.window, 1)
+        self.idx_tile = torch.full((-(-win // BLOCK) * BLOCK,), -1, dtype=torch.int64,
+                                   device=dev)
+        self.idx_win = self.idx_tile[:win]
         self._uploaded = {}
 
     # ---- classes ----

@@ -10,6 +10,7 @@ the body's arithmetic is the eager step's, so its bits equal `V2Model.step`'s.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -74,7 +75,12 @@ class DecodeGraph:
                 self._host[name] = vals
 
     # ---- device ----
-    def body(self) -> torch.Tensor:
+    def body(self, trace=None) -> torch.Tensor:
+        """The device half: the fused kernels on the triton backend (port/fused.py), else the
+        torch ops of V2Model.layer with the runtime's attention. `trace` (fused body only)
+        sees every point a kernel boundary exposes."""
+        if self.model.backend == "triton":
+            return self.model.fused(self, self.state, trace=trace)
         model, state, cfg = self.model, self.state, self.model.cfg
         n, d = cfg.mhc_lanes, cfg.d_model
         x0 = model.embedding.table.index_select(0, self.token) * math.sqrt(d)   # [1, d]
@@ -98,14 +104,14 @@ class DecodeGraph:
         return model.finish(X, state)
 
     # ---- the step ----
-    def step(self, token: int) -> torch.Tensor:
-        """prep, then the body: replayed from a CUDA graph on CUDA, run eagerly elsewhere.
-        Position 0 is a prefill and runs eagerly (same bits)."""
+    def step(self, token: int, trace=None) -> torch.Tensor:
+        """prep, then the body: replayed from a CUDA graph for decode="graph" on CUDA, launched
+        eagerly otherwise (and when traced). Position 0 is a prefill and runs eagerly."""
         if self.state.pos == 0:
-            return self.model.run_step(token, self.state)
+            return self.model.run_step(token, self.state, trace=trace)
         self.prep(token)
-        if self.model.device.type != "cuda":
-            return self.body()
+        if trace is not None or self.model.decode != "graph" or self.model.device.type != "cuda":
+            return self.body(trace=trace)
         if self.graph is None:
             self._capture()
         self.graph.replay()
@@ -169,11 +175,59 @@ class BodyRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _launch_classes():
+    """The classes whose `kernel[grid]` starts a Triton launch (compiled, and interpreted)."""
+    try:
+        import triton.runtime.jit as jit
+    except ImportError:                                   # pragma: no cover
+        return []
+    classes = [jit.KernelInterface]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        classes.append(InterpretedFunction)
+    except ImportError:                                   # pragma: no cover
+        pass
+    return classes
+
+
+@contextlib.contextmanager
+def triton_launch_log(log: list, run: bool = True):
+    """Append ("triton:<kernel>", grid, described args, described kwargs) to `log` for every
+    Triton launch `kernel[grid](...)` while active; the launch runs unless run=False (then its
+    outputs stay unwritten: a count, not a computation). Undone on exit."""
+    classes = _launch_classes()
+    saved = {c: (c.__dict__.get("__getitem__"), c.__getitem__) for c in classes}
+
+    def patch(orig):
+        def getitem(self, grid):
+            fn = getattr(self, "fn", self)
+            name = f"triton:{getattr(fn, '__name__', repr(fn))}"
+
+            def launch(*args, **kwargs):
+                log.append((name, _describe(grid), _describe(args),
+                            _describe(tuple(sorted(kwargs.items())))))
+                if run:
+                    return orig(self, grid)(*args, **kwargs)
+            return launch
+        return getitem
+    for c, (_, resolved) in saved.items():
+        c.__getitem__ = patch(resolved)
+    try:
+        yield log
+    finally:
+        for c, (own, _) in saved.items():
+            if own is None:
+                del c.__getitem__
+            else:
+                c.__getitem__ = own
+
+
 def record_body_ops(graph: DecodeGraph, token: int) -> list:
     """prep(token) on the host, then the body under a dispatch mode that refuses host syncs and
-    records every op with its argument shapes and non-tensor values. Identical lists at two
-    positions mean one capture is valid for both."""
+    records every op with its argument shapes and non-tensor values, Triton launches included
+    (kernel, grid, argument shapes and scalar values). Identical lists at two positions mean
+    one capture is valid for both."""
     graph.prep(token)
-    with BodyRecorder() as rec:
+    with BodyRecorder() as rec, triton_launch_log(rec.ops):
         graph.body()
     return rec.ops

@@ -21,8 +21,8 @@ from reference import cact
 from reference.config import V2Config
 from .cq import CqWeight, fwht
 from .ops import EPS, log_sinkhorn, rowvecs, sigmoid, silu, unit_rms, zc  # noqa: F401
-from .parts import (Embedding, PartError, V2Mhc, check_parts, model_tensors, pack_parts,
-                    parts_from_weights)
+from .parts import (Embedding, PartError, V2Mhc, attach_codes, check_parts, model_tensors,
+                    pack_parts, parts_from_weights)
 from .state import StateError, V2State  # noqa: F401
 from .weights import prepare_weights, rope_tables, walsh
 
@@ -84,6 +84,9 @@ class V2Model:
         elif self.form == "packed":
             raise PartError("packed codes run on backend='native' only; the torch and triton "
                             "backends compute on dense or rotated matrices")
+        if backend == "triton":         # the decode step in fused kernels (port/fused.py)
+            from .fused import FusedBody
+            self.fused = FusedBody(self)
 
     # ---- construction ----
     @classmethod
@@ -138,7 +141,12 @@ class V2Model:
             model = cls.new(f.config, *parts, heads=w["heads"], device=device,
                             backend=backend, decode=decode)
         else:
-            model = cls._build(f.params, f.config, cqw, device, backend, decode)
+            w = prepare_weights(f.params, f.config, cqw, device)
+            parts = parts_from_weights(w, f.config)
+            if cqw is not None:             # the codes stay beside the rows (fused body)
+                parts = attach_codes(parts, cqw, device)
+            model = cls.new(f.config, *parts, heads=w["heads"], device=device,
+                            backend=backend, decode=decode)
         model.tokenizer = f.tokenizer
         return model
 
@@ -159,8 +167,24 @@ class V2Model:
         return V2State(self.cfg, ring=self.cfg.max_seq_len, window=0, device=self.device)
 
     # ---- public steps ----
+    def uses_body(self, state: V2State) -> bool:
+        """Does `step` run the decode body (prep + device body, port/graph.py) on this state?
+        decode="graph" and the triton backend (whose body is the fused kernels) do, on a
+        windowed ring without pad keys; position 0 and everything else run `rows`."""
+        return (self.decode == "graph" or self.backend == "triton") and bool(state.window) \
+            and not state.pad_aware
+
+    @property
+    def hidden_points(self) -> dict:
+        """Ladder points a decode step cannot show (fused into a kernel) -> where they went;
+        empty unless the backend fuses (triton)."""
+        if self.backend != "triton":
+            return {}
+        from .fused import HIDDEN
+        return dict(HIDDEN)
+
     def step(self, token: int, state: V2State, logits=None):
-        if self.decode == "graph" and state.window and not state.pad_aware:
+        if self.uses_body(state):
             if logits is not None:
                 self.check_step(token, state, logits=logits)
             out = state.decode_graph(self).step(token)
@@ -170,7 +194,15 @@ class V2Model:
     def step_prefill(self, token: int, state: V2State) -> None:
         self.run_step(token, state, want_logits=False)
 
-    def step_traced(self, token: int, state: V2State, logits, trace):
+    def step_traced(self, token: int, state: V2State, logits, trace, *, prefill: bool = False):
+        """`step` with every ladder point the step exposes passed to `trace(name, layer,
+        value)`. On the triton backend a decode step is the fused body, which hides
+        `hidden_points`; prefill=True traces the prefill arithmetic (`step_prefill`'s and
+        `prefill_batch`'s) instead, where every point exists."""
+        if self.backend == "triton" and not prefill and state.pos and self.uses_body(state):
+            self.check_step(token, state, logits=logits)
+            out = state.decode_graph(self).step(token, trace=trace)
+            return out if logits is None else logits.copy_(out)
         return self.run_step(token, state, logits=logits, trace=trace)
 
     @staticmethod
@@ -387,11 +419,13 @@ class V2Model:
         return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
 
     # ---- entry points kept in their own modules: injection, batches, heads ----
-    def step_layer(self, i: int, lanes, state: V2State, pos: int, *, engram=None, trace=None):
+    def step_layer(self, i: int, lanes, state: V2State, pos: int, *, engram=None, trace=None,
+                   prefill: bool = False):
         """Injection: layer `i` alone at `pos` on the given lanes, through the implementation
         under test (port/inject.py)."""
         from .inject import step_layer
-        return step_layer(self, i, lanes, state, pos, engram=engram, trace=trace)
+        return step_layer(self, i, lanes, state, pos, engram=engram, trace=trace,
+                          prefill=prefill)
 
     def prefill_batch(self, tokens, state: V2State, batch, logits=None):
         from .batch import prefill_batch

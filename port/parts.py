@@ -6,7 +6,9 @@ faults, locate's injection) reads these same parts.
 A matrix is held in one of three forms, the same for the whole model:
 - "dense":   float32 [in, out], so that `x @ w` is the product (views of row-major [out, in]);
 - "rotated": the Cactus-Quants codes' pre-rotation rows, [in_pad, out]: every product first
-             zero-pads its input to whole 128-groups and rotates it (the torch cq path);
+             zero-pads its input to whole 128-groups and rotates it (the torch cq path). A cq
+             model also keeps the codes beside the rows (`attach_codes`, checked alike): the
+             triton backend's fused decode body streams those instead of the rows;
 - "packed":  the codes as stored (CqWeight in `codes`), the matrix fields None: the C step
              computes on them directly and no float32 copy stays resident.
 
@@ -108,7 +110,7 @@ def _code_tensors(cw: CqWeight, path):
 
 
 def form_of(embedding: Embedding) -> str:
-    if embedding.codes is not None:
+    if embedding.codes is not None and embedding.table is None:
         return "packed"
     return "rotated" if embedding.head is not None else "dense"
 
@@ -164,6 +166,12 @@ def check_parts(cfg: V2Config, embedding, layers, mhc, engrams, final_norm) -> s
         shape("embedding.table", embedding.table, (cfg.vocab_size, d))
         if form == "rotated":
             shape("embedding.head", embedding.head, (inner(d), cfg.vocab_size))
+        elif embedding.codes is not None:
+            raise PartError("embedding.codes: only the rotated (cq) and packed forms keep codes")
+    # the rotated form may keep its codes beside the rows (attach_codes): checked alike
+    with_codes = packed or embedding.codes is not None
+    if with_codes and not packed:
+        codes("embedding.codes", embedding.codes, cfg.vocab_size, d)
     if not isinstance(layers, (list, tuple)) or len(layers) != L:
         raise PartError(f"layers: expected {L} V2Layer, given "
                         f"{len(layers) if isinstance(layers, (list, tuple)) else layers!r}")
@@ -178,16 +186,17 @@ def check_parts(cfg: V2Config, embedding, layers, mhc, engrams, final_norm) -> s
                            ("d1", (cfg.hada_n,)), ("d2", (cfg.hada_n,)),
                            ("d3", (cfg.hada_n,))):
             shape(f"{p}.{name}", getattr(lw, name), want)
-        if packed:
+        if with_codes:
             code_set(f"{p}.codes", lw.codes, {"q_proj": (attn, d), "k_proj": (kv, d),
                                               "v_proj": (kv, d), "gate_proj": (attn, d),
                                               "out_proj": (d, attn)})
     if not isinstance(mhc, V2Mhc):
         raise PartError(f"mhc: expected a V2Mhc, given {type(mhc).__name__}")
-    if packed:
-        matrix("mhc.router", mhc.router, 0, 0)
+    if with_codes:
         code_set("mhc.codes", mhc.codes, {"pre": (L * n, n * d), "post": (L * n, n * d),
                                           "res": (L * n * n, n * d)})
+    if packed:
+        matrix("mhc.router", mhc.router, 0, 0)
     else:
         shape("mhc.router", mhc.router, (L, inner(n * d), 2 * n + n * n))
     for name, want in (("a_pre", (L,)), ("a_post", (L,)), ("a_res", (L,)),
@@ -201,11 +210,12 @@ def check_parts(cfg: V2Config, embedding, layers, mhc, engrams, final_norm) -> s
         p = f"engrams[{s}]"
         if not isinstance(site, V2Engram):
             raise PartError(f"{p}: expected a V2Engram, given {type(site).__name__}")
-        if packed:
-            matrix(f"{p}.tables", site.tables, 0, 0)
+        if with_codes:
             code_set(f"{p}.codes", site.codes, {
                 "tables": (rows, cfg.engram_sub), "key_proj": (d, cfg.engram_fetched),
                 "value_proj": (d, cfg.engram_fetched)})
+        if packed:
+            matrix(f"{p}.tables", site.tables, 0, 0)
         else:
             shape(f"{p}.tables", site.tables, (rows, cfg.engram_sub))
         matrix(f"{p}.kv", site.kv, cfg.engram_fetched, 2 * d)
@@ -243,6 +253,23 @@ def pack_parts(parts, cqw: dict, cfg: V2Config):
         site.tables = site.kv = None
         site.codes = {k: cqw[f"engram{s}.{k}"] for k in ("tables", "key_proj", "value_proj")}
     return Embedding(None, None, cqw["embedding"]), layers, mhc, engrams, final_norm
+
+
+def attach_codes(parts, cqw: dict, device):
+    """Rotated parts -> the same parts keeping their codes beside the rows (slot name ->
+    CqWeight, moved to `device` in the packed form: no second float32 copy). The torch paths
+    compute on the rows; the triton backend's fused decode body streams the codes."""
+    embedding, layers, mhc, engrams, final_norm = parts
+    on = {k: CqWeight(cw.packed.to(device), cw.norms.to(device), cw.bits, cw.in_features,
+                      "packed") for k, cw in cqw.items()}
+    for i, lw in enumerate(layers):
+        lw.codes = {k: on[f"layer{i:02d}.{k}"]
+                    for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "out_proj")}
+    mhc.codes = {k: on[f"mhc_phi_{k}"] for k in ("pre", "post", "res")}
+    for s, site in enumerate(engrams):
+        site.codes = {k: on[f"engram{s}.{k}"] for k in ("tables", "key_proj", "value_proj")}
+    embedding.codes = on["embedding"]
+    return embedding, layers, mhc, engrams, final_norm
 
 
 def stacked(ts: list) -> torch.Tensor:

@@ -78,8 +78,8 @@ def test_tracing_changes_no_bit_and_the_check_can_fail(monkeypatch):
     capture_reference(params, cfg, toks, prompt, check_plain=True)
     orig = type(model).step_traced
 
-    def nudged(self, token, state, logits, trace):                # tracing that perturbs
-        out = orig(self, token, state, logits, trace)
+    def nudged(self, token, state, logits, trace, **kw):          # tracing that perturbs
+        out = orig(self, token, state, logits, trace, **kw)
         out.add_(1e-7)
         return out
     monkeypatch.setattr(type(model), "step_traced", nudged)

@@ -44,3 +44,26 @@ def test_steps_mix_no_devices(meta_models, tiny_cfg, weights, decode):
         out = model.step(t, state)
     assert out.device.type == "meta" and state.pos == 2
     assert all(t.device.type == "meta" for _, t in tensors(state.__dict__))
+
+
+@pytest.mark.parametrize("weights", ["dense", "cq"])
+def test_the_fused_body_mixes_no_devices(meta_models, tiny_cfg, weights):
+    # The triton backend's fused body on its torch twins (the Triton wrappers need data):
+    # every operand it lays out at load, packed codes included, and every step tensor on
+    # the model's device.
+    from port.fused import FusedBody
+    model = V2Model.new(tiny_cfg, *meta_models[weights].parts, device="meta", backend="triton")
+    model.fused = FusedBody(model, "twin")
+    w = model.fused.w
+    ops = [t for p in w.router + w.qkvg + w.out + w.engram_kv + [w.head]
+           for t in ([p.w] if p.w is not None else []) + [x for b in p.blocks
+                                                           for x in b.operands()[:3]]]
+    assert ops and all(t.device.type == "meta" for t in ops)
+    assert (w.form == "packed") == (weights == "cq")
+    state = model.make_state()
+    # position 0 is a prefill (rows, whose Triton attention needs data): the torch backend's
+    V2Model.new(tiny_cfg, *meta_models[weights].parts, device="meta").step(3, state)
+    for t in (5, 7):                   # two fused decode steps
+        out = model.step(t, state)
+    assert out.device.type == "meta" and state.pos == 3
+    assert all(t.device.type == "meta" for _, t in tensors(state.__dict__))

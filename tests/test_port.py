@@ -230,12 +230,12 @@ def test_cq_prefill_batch_equals_step_prefill(tiny_cq_model, tokens, cap):
 
 
 def test_triton_backend_matches_torch_backend(tiny_cfg, tiny_params):
-    # Triton's sparse_attn (the interpreter on CPU) in place of the torch twin: same model,
-    # different reduction trees inside each tile, so a float32 tolerance, not bits.
+    # The fused Triton body (the interpreter on CPU) against the torch port: the same model in
+    # another op order and other reduction trees, so the port's float32 rule, not bits.
     a = V2Model.from_params(tiny_params, tiny_cfg)
     b = V2Model.from_params(tiny_params, tiny_cfg, backend="triton")
     sa, sb = a.make_state(), b.make_state()
-    for t in _seq(tiny_cfg, 12, seed=8).tolist():            # past the window of 8
+    for t in _seq(tiny_cfg, 10, seed=8).tolist():            # past the window of 8
         la, lb = a.step(t, sa), b.step(t, sb)
         assert rule_for("port/logits", PORT_RULES).check(lb, la)
         assert torch.equal(la.argmax(), lb.argmax())
