@@ -155,7 +155,7 @@ if triton is not None:
         if KIND <= 1:
             ms = _mean_square(x_ptr, K, C, sx0, sx1, eps, BLOCK_K)
         else:
-            ms = 1.0
+            ms = tl.full((), 1.0, tl.float32)                 # same type as the norms' ms
         return ms
 
     @triton.jit
