@@ -1,5 +1,5 @@
 """tools/count_launches.py: what counts as a launch, the Triton launch hook, and the body count
-on the tiny preset (one sparse_attn launch per layer on the triton backend, none on torch)."""
+on the tiny preset (the triton backend's fused body, kernel by kernel; the torch body's Sinkhorn)."""
 import os
 import sys
 
@@ -39,10 +39,21 @@ def test_body_counts_on_tiny(tiny_cfg, tiny_params):
     parts = V2Model.from_params(tiny_params, tiny_cfg).parts
     counts = {b: cl.count_body(V2Model.new(tiny_cfg, *parts, backend=b, decode="graph"))
               for b in ("torch", "triton")}
-    L = tiny_cfg.num_layers
-    assert counts["triton"]["triton:_sparse_attn_kernel"] == L
+    L, S = tiny_cfg.num_layers, tiny_cfg.num_sites
     assert not any(k.startswith("triton:") for k in counts["torch"])
-    assert counts["triton"]["aten.logsumexp.default"] == 2 * 20 * L    # the unfused Sinkhorn
+    assert counts["torch"]["aten.logsumexp.default"] == 2 * 20 * L     # the unfused Sinkhorn
+    # the fused body: per layer router, q|k|v|gate and output products, routing, prelude,
+    # attention, tail; per site the Engram prelude; the final norm and head; the embedding
+    # row's gather and scale are its only aten ops
+    assert counts["triton"] == {
+        "triton:_norm_gemv_kernel": 3 * L + 1, "triton:_mhc_route_kernel": L,
+        "triton:_qk_rope_ring_kernel": L, "triton:_sparse_attn_kernel": L,
+        "triton:_layer_tail_kernel": L, "triton:_engram_dense_kernel": S,
+        "triton:_final_norm_kernel": 1, "aten.index_select.default": 1,
+        "aten.mul.Tensor": 1}
+    cq = cl.count_body(V2Model.from_params(tiny_params, tiny_cfg, weights="cq",
+                                           backend="triton", decode="graph"))
+    assert cq["triton:_norm_cq_gemv_kernel"] == 3 * L + 1 and sum(cq.values()) == 7 * L + S + 4
     again = cl.count_body(V2Model.new(tiny_cfg, *parts, backend="triton", decode="graph"),
                           token=200)
     assert again == counts["triton"]                 # position- and token-independent

@@ -63,10 +63,9 @@ def test_fused_body_matches_the_torch_port_through_wraps(pair, tiny_cfg):
         assert rule_for(f"port/{point}", PORT_RULES).check(got, want), name
 
 
-def test_cq_streams_the_codes_joined_into_one_launch_per_product(pair, tiny_cfg):
-    a, b = pair
-    if not a.rotate:
-        pytest.skip("dense weights have no codes")
+def test_cq_streams_the_codes_joined_into_one_launch_per_product(tiny_cfg, tiny_params):
+    a = V2Model.from_params(tiny_params, tiny_cfg, weights="cq")
+    b = _fused(a.parts, tiny_cfg)
     w = b.fused.w
     L = tiny_cfg.num_layers
     assert all(len(p.blocks) == 1 and p.w is None for p in w.qkvg + w.out + w.router)

@@ -106,7 +106,7 @@ def _launches_of(fn):
     from port.graph import BodyRecorder
     with cl.triton_launches() as kernels, BodyRecorder("sparse_attn_triton") as rec:
         fn()
-    return kernels, [op for op, _, _ in rec.ops if cl.launches_op(op)]
+    return kernels, [op for op, *_ in rec.ops if cl.launches_op(op)]
 
 
 @needs_triton

@@ -43,7 +43,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("TRITON_INTERPRET", "1")                    # before any triton.jit runs
 import port.model as model_mod                                   # noqa: E402
-from port.graph import BodyRecorder, DecodeGraph, record_body_ops  # noqa: E402
+from port.graph import (BodyRecorder, DecodeGraph, record_body_ops,  # noqa: E402
+                        triton_launch_log)
 from port.model import V2Model                                   # noqa: E402
 from reference.config import V2Config                            # noqa: E402
 from reference.params import init_params                         # noqa: E402
@@ -74,32 +75,18 @@ def launches_op(qualified: str) -> bool:
     return not (op is not None and getattr(op, "is_view", False))
 
 
+class _KernelNames(list):
+    """A launch log (port.graph.triton_launch_log's entries) that keeps only kernel names."""
+
+    def append(self, entry):
+        super().append(entry[0][len("triton:"):])
+
+
 @contextlib.contextmanager
 def triton_launches():
     """Record every Triton launch (kernel name) instead of running it; yields the list."""
-    import triton.runtime.jit as jit
-    classes = [jit.KernelInterface]
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-        classes.append(InterpretedFunction)
-    except ImportError:                                          # pragma: no cover
-        pass
-    seen, saved = [], {c: c.__dict__.get("__getitem__") for c in classes}
-
-    def launcher(self, grid):
-        fn = getattr(self, "fn", self)
-        seen.append(getattr(fn, "__name__", repr(fn)))
-        return lambda *args, **kwargs: None
-    for c in classes:
-        c.__getitem__ = launcher
-    try:
-        yield seen
-    finally:
-        for c, old in saved.items():
-            if old is None:
-                del c.__getitem__
-            else:
-                c.__getitem__ = old
+    with triton_launch_log(_KernelNames(), run=False) as names:
+        yield names
 
 
 def count_body(model: V2Model, token: int = 17) -> collections.Counter:
@@ -109,7 +96,9 @@ def count_body(model: V2Model, token: int = 17) -> collections.Counter:
     graph = DecodeGraph(model, state)
     with triton_launches() as kernels:
         ops = record_body_ops(graph, token)
-    counts = collections.Counter(op for op, _, _ in ops if launches_op(op))
+    # record_body_ops logs the launches too (as "triton:<kernel>" entries): counted once, here
+    counts = collections.Counter(op for op, *_ in ops
+                                 if not op.startswith("triton:") and launches_op(op))
     counts.update(f"triton:{k}" for k in kernels)
     return counts
 
