@@ -175,7 +175,7 @@ class BodyRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _launch_classes():
+def launch_classes():
     """The classes whose `kernel[grid]` starts a Triton launch (compiled, and interpreted)."""
     try:
         import triton.runtime.jit as jit
@@ -195,7 +195,7 @@ def triton_launch_log(log: list, run: bool = True):
     """Append ("triton:<kernel>", grid, described args, described kwargs) to `log` for every
     Triton launch `kernel[grid](...)` while active; the launch runs unless run=False (then its
     outputs stay unwritten: a count, not a computation). Undone on exit."""
-    classes = _launch_classes()
+    classes = launch_classes()
     saved = {c: (c.__dict__.get("__getitem__"), c.__getitem__) for c in classes}
 
     def patch(orig):

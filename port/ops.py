@@ -46,5 +46,11 @@ def rowvecs(x, wt):
     """x [m, k] @ wt [k, n] as m independent M=1 products (bmm over an expanded weight).
 
     A plain [m, k] @ [k, n] picks BLAS kernels by m, so a row's bits would depend on how
-    many rows travel with it; one product per row keeps step and prefill bit-identical."""
+    many rows travel with it; one product per row keeps step and prefill bit-identical.
+    With more than one thread that is not enough: a batch of one lets the BLAS split the row's
+    own reduction across threads (measured with 2 threads: [1, 2048] @ [2048, 24] and
+    [1, 512] @ [512, 512]), a larger batch hands each thread whole rows. So then every row is
+    its own call, the shape a decode step makes."""
+    if x.shape[0] > 1 and torch.get_num_threads() > 1:
+        return torch.cat([rowvecs(x[r:r + 1], wt) for r in range(x.shape[0])])
     return torch.bmm(x[:, None, :], wt.expand(x.shape[0], *wt.shape))[:, 0]

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 from hypothesis import given, strategies as st
 
@@ -104,3 +105,20 @@ def test_rope_is_a_rotation_of_half_split_pairs():
     assert rule_for("ops/f64").check(apply_rope(x, cos, sin), torch.cat([r.real, r.imag], -1))
     c32, s32 = rope_tables(hd, 40, theta)
     assert c32.dtype == torch.float32 and rule_for("ops/rope_f32_vs_f64").check(c32, cos)
+
+
+@pytest.mark.parametrize("k,n", [(2048, 24), (512, 512), (512, 1536)])
+def test_a_rows_product_does_not_depend_on_the_batch_at_two_threads(k, n):
+    # The shipped router and output products: with 2 threads a batch of one let the BLAS
+    # split the row's reduction (prefill_batch then differed from step_prefill by 4e-6).
+    from port.ops import rowvecs
+    g = torch.Generator().manual_seed(k + n)
+    x, w = torch.randn(6, k, generator=g), torch.randn(k, n, generator=g)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        batched = rowvecs(x, w)
+        for r in range(6):
+            assert torch.equal(batched[r:r + 1], rowvecs(x[r:r + 1], w)), r
+    finally:
+        torch.set_num_threads(threads)
