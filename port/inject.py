@@ -27,14 +27,14 @@ def step_layer(model, i: int, lanes, state: V2State, pos: int, *, engram=None, t
         return run_layer(model, model._native, i, lanes, state, pos, engram, trace)
     if engram is None:
         engram = model.engram(state.clone(), pos, 1)
-    eng = [(k.reshape(1, -1), v.reshape(1, -1)) for k, v in engram]
+    eng = [(k.reshape(1, -1).to(state.k), v.reshape(1, -1).to(state.k)) for k, v in engram]
     X = lanes.reshape(1, model.cfg.mhc_lanes, model.cfg.d_model).to(state.k)
     if model.backend == "triton" and pos and not prefill and model.uses_body(state):
         rt = state.attn_runtime(model)        # as the fused body runs a decode layer
         rt.invalidate_decode_uploads()
         rt.decode_prep(i, pos)
-        return model.fused.layer(i, X[0], [(k.reshape(-1), v.reshape(-1)) for k, v in engram],
-                                 state, rt, trace=trace)
+        return model.fused.layer(i, X[0], [(k[0], v[0]) for k, v in eng], state, rt,
+                                 trace=trace)
     if model.decode == "graph" and pos and state.window and not state.pad_aware:
         rt = state.attn_runtime(model)        # as DecodeGraph.body runs a layer
         rt.invalidate_decode_uploads()

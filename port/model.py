@@ -10,6 +10,10 @@ log domain for 20 iterations, the lanes updated from their values before the lay
 reads top to bottom in forward order: step -> rows -> engram -> layer -> attention -> mlp ->
 finish. The methods other modules call (graph body, batch, heads, attention runtime, native
 binding, ladder) are its public internal API, flags keyword-only.
+
+Backends: "torch" runs exactly this class's ops; "triton" runs decode steps as the fused
+Triton body of port/fused.py (the same model, ~7 launches per layer; prefill stays here, with
+Triton attention); "native" runs the C step (port/native.py).
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 import count_launches as cl                                          # noqa: E402
 
 needs_triton = pytest.mark.skipif(_triton is None, reason="no Triton")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"     # Triton: a GPU, else the interpreter
 
 
 def _seq(cfg, n, seed):
@@ -30,6 +31,7 @@ def _seq(cfg, n, seed):
 
 
 def _fused(parts, cfg, kernels="twin", **kw):
+    kw.setdefault("device", DEV)
     model = V2Model.new(cfg, *parts, backend="triton", **kw)
     model.fused = FusedBody(model, kernels)
     return model
@@ -38,7 +40,7 @@ def _fused(parts, cfg, kernels="twin", **kw):
 @pytest.fixture(scope="module", params=["dense", "cq"])
 def pair(request, tiny_cfg, tiny_params):
     """(torch model, triton model on the twin kernels) over the same parts."""
-    torch_model = V2Model.from_params(tiny_params, tiny_cfg, weights=request.param)
+    torch_model = V2Model.from_params(tiny_params, tiny_cfg, weights=request.param, device=DEV)
     return torch_model, _fused(torch_model.parts, tiny_cfg)
 
 
@@ -64,7 +66,7 @@ def test_fused_body_matches_the_torch_port_through_wraps(pair, tiny_cfg):
 
 
 def test_cq_streams_the_codes_joined_into_one_launch_per_product(tiny_cfg, tiny_params):
-    a = V2Model.from_params(tiny_params, tiny_cfg, weights="cq")
+    a = V2Model.from_params(tiny_params, tiny_cfg, weights="cq", device=DEV)
     b = _fused(a.parts, tiny_cfg)
     w = b.fused.w
     L = tiny_cfg.num_layers
@@ -78,7 +80,7 @@ def test_cq_streams_the_codes_joined_into_one_launch_per_product(tiny_cfg, tiny_
 def test_mixed_code_widths_split_a_product_into_blocks(tiny_cfg, tiny_params):
     from reference.cact import build_cact
     f = build_cact(tiny_params, tiny_cfg, "embedding=4,mhc=4,attn.q_proj=4,default=2")
-    a = V2Model.from_cactfile(f, "cq")
+    a = V2Model.from_cactfile(f, "cq", device=DEV)
     b = _fused(a.parts, tiny_cfg)
     blocks = b.fused.w.qkvg[0].blocks
     assert [(blk.row0, blk.bits) for blk in blocks] == [(0, 4), (tiny_cfg.attn_dim_eff, 2)]
@@ -90,7 +92,7 @@ def test_mixed_code_widths_split_a_product_into_blocks(tiny_cfg, tiny_params):
 @needs_triton
 @pytest.mark.parametrize("weights", ["dense", "cq"])
 def test_triton_kernels_match_their_twins_in_the_body(tiny_cfg, tiny_params, weights):
-    base = V2Model.from_params(tiny_params, tiny_cfg, weights=weights)
+    base = V2Model.from_params(tiny_params, tiny_cfg, weights=weights, device=DEV)
     twin, tri = _fused(base.parts, tiny_cfg), _fused(base.parts, tiny_cfg, "triton")
     st, sr = twin.make_state(), tri.make_state()
     for t in _seq(tiny_cfg, 4, seed=11).tolist():      # the interpreter: a few steps only
@@ -105,11 +107,11 @@ def test_interpreter_block_width_changes_no_bit():
     from kernels.norm_gemv import norm_cq_gemv_triton, norm_gemv_triton
     from port.cq import CqWeight
     g = torch.Generator().manual_seed(2)
-    x, gain, w = torch.randn(48, generator=g), torch.randn(48, generator=g), \
-        torch.randn(48, 200, generator=g)
+    x, gain, w = (t.to(DEV) for t in (torch.randn(48, generator=g), torch.randn(48, generator=g),
+                                      torch.randn(48, 200, generator=g)))
     assert torch.equal(norm_gemv_triton(x, gain, w, "zc", block_n=32),
                        norm_gemv_triton(x, gain, w, "zc", block_n=256))
-    ops = CqWeight.from_dense(torch.randn(70, 48, generator=g), 2).kernel_operands()
+    ops = CqWeight.from_dense(torch.randn(70, 48, generator=g), 2).kernel_operands(DEV)
     assert torch.equal(norm_cq_gemv_triton(x, gain, "zc", *ops, block_rows=16),
                        norm_cq_gemv_triton(x, gain, "zc", *ops, block_rows=64))
 
@@ -131,14 +133,14 @@ def test_step_traced_shows_every_point_a_kernel_boundary_exposes(pair, tiny_cfg)
     assert fused == [n for n in every if n not in hidden]
     assert len(hidden) == len(HIDDEN) * tiny_cfg.num_layers
     assert set(b.hidden_points) == set(HIDDEN) and not V2Model.new(
-        tiny_cfg, *b.parts).hidden_points
+        tiny_cfg, *b.parts, device=DEV).hidden_points
     assert _traced(b, [5, 9, 13], prefill=True) == every   # prefill arithmetic: all of them
     assert set(LAYER_TRACED) | set(HIDDEN) == {n.split(".")[1] for n in every if "." in n}
 
 
 def test_the_ladder_names_hidden_points_and_compares_the_rest(tiny_cfg):
     cfg, params, _, tokens, prompt = setup()
-    model = _fused(V2Model.from_params(params, cfg).parts, cfg)
+    model = _fused(V2Model.from_params(params, cfg, device=DEV).parts, cfg)
     port = capture_port(model, tokens[:prompt + 2], prompt, check_plain=True)
     ref = capture_reference(params, cfg, tokens[:prompt + 2], prompt)
     cmp = compare_ladders(port, ref)
@@ -152,7 +154,8 @@ def test_the_ladder_names_hidden_points_and_compares_the_rest(tiny_cfg):
 def test_body_launches_are_position_independent_and_recorded(tiny_cfg, tiny_params):
     # The capturability proof covers Triton launches: the same kernels, grids, argument
     # shapes and scalars at every position, across the ring's wrap.
-    model = _fused(V2Model.from_params(tiny_params, tiny_cfg).parts, tiny_cfg, "triton")
+    model = _fused(V2Model.from_params(tiny_params, tiny_cfg, device=DEV).parts, tiny_cfg,
+                   "triton")
     state = model.make_state()
     model.step(5, state)
     g = DecodeGraph(model, state)
@@ -190,7 +193,7 @@ def test_faults_reach_the_fused_body(name):
     # next one shown) at the first decode position.
     cfg, params, _, tokens, prompt = setup()
     toks = tokens[:prompt + 3]
-    model = _fused(V2Model.from_params(params, cfg).parts, cfg)
+    model = _fused(V2Model.from_params(params, cfg, device=DEV).parts, cfg)
     clean = capture_port(model, toks, prompt)
     with FAULTS[name].fused():
         bad = capture_port(model, toks, prompt)
@@ -206,7 +209,7 @@ def test_locate_blames_the_fused_layer(kernels):
     # there (its own error); layers 0-2 pass.
     cfg, params, _, tokens, prompt = setup()
     toks = tokens[:prompt + 2]
-    model = _fused(V2Model.from_params(params, cfg).parts, cfg, kernels)
+    model = _fused(V2Model.from_params(params, cfg, device=DEV).parts, cfg, kernels)
     ref = capture_reference(params, cfg, toks, prompt)
     with FAULTS["rope_pos_plus_1"].fused():
         bad = capture_port(model, toks, prompt)

@@ -13,8 +13,9 @@ from ladder.locate import locate
 from ladder_common import clean_port_ladder, cq_file, port_model, reference_ladder, setup
 from port.model import V2Model
 
-# triton shares every patched method with torch (it swaps only the attention kernel) and runs
-# under the Triton interpreter on CPU, too slow for a fault sweep: torch stands for both here.
+# triton's prefill shares every patched method with torch, and its decode steps (the fused body)
+# get each fault's fused form (tests/test_fused.py sweeps those on the twin kernels); it runs
+# under the Triton interpreter on CPU, too slow for a full sweep here.
 BACKENDS = ("torch", "native")
 
 
@@ -152,7 +153,8 @@ def test_triton_faults_on_a_short_schedule(name):
     cfg, params, _, tokens, prompt = setup()
     tokens = tokens[:cfg.kv_window]
     ref = capture_reference(params, cfg, tokens, prompt)
-    model = V2Model.from_params(params, cfg, backend="triton")
+    model = V2Model.from_params(params, cfg, backend="triton",
+                                device="cuda" if torch.cuda.is_available() else "cpu")
     point, pos = FAULTS[name].touches(cfg)
     with planted(name, "triton"):
         bad = capture_port(model, tokens, prompt)

@@ -232,11 +232,12 @@ def test_cq_prefill_batch_equals_step_prefill(tiny_cq_model, tokens, cap):
 def test_triton_backend_matches_torch_backend(tiny_cfg, tiny_params):
     # The fused Triton body (the interpreter on CPU) against the torch port: the same model in
     # another op order and other reduction trees, so the port's float32 rule, not bits.
+    dev = "cuda" if torch.cuda.is_available() else "cpu"    # Triton: a GPU, else the interpreter
     a = V2Model.from_params(tiny_params, tiny_cfg)
-    b = V2Model.from_params(tiny_params, tiny_cfg, backend="triton")
+    b = V2Model.from_params(tiny_params, tiny_cfg, backend="triton", device=dev)
     sa, sb = a.make_state(), b.make_state()
     for t in _seq(tiny_cfg, 10, seed=8).tolist():            # past the window of 8
-        la, lb = a.step(t, sa), b.step(t, sb)
+        la, lb = a.step(t, sa), b.step(t, sb).cpu()
         assert rule_for("port/logits", PORT_RULES).check(lb, la)
         assert torch.equal(la.argmax(), lb.argmax())
     with pytest.raises(ValueError, match="backend='cuda'"):
