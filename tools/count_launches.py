@@ -1,7 +1,7 @@
 """Device launches per decode token of the graph body, counted on the CPU (issue 12).
 
     python tools/count_launches.py [--preset shipped] [--backends torch triton]
-                                   [--weights dense cq] [--top 12] [--json OUT]
+                                   [--weights dense cq] [--top 12] [--eager] [--json OUT]
 
 For each backend and weight form it builds the model at the preset's geometry (seeded random
 weights, `init_params(cfg, 0, perturbed=True)`; "cq" through the .cact writer's quantiser with the
@@ -24,6 +24,14 @@ shipped bits map), runs position 0 eagerly, then runs `DecodeGraph.body` for one
 The total is "launches per token": one CUDA-graph replay of the body issues exactly these
 launches. The op sequence is position-independent (tests/test_graph.py), so one token suffices.
 
+`--eager` also counts one eager `V2Model.step` (decode="eager", position 1) the same way: every
+launching aten op plus every Triton launch, host synchronisations allowed. Tensors the eager step
+makes from host lists are uploads on a GPU (one copy each) but are born on the CPU here, so the
+eager count misses those copies. tools/bench_gpu_decode.py reads both counts from `--json`.
+
+Each weight form is built once (the cq quantisation is the slow part) and every backend is made
+over the same parts with `V2Model.new`.
+
 `--by-function` also attributes every counted launch to the innermost of the model functions in
 `ATTRIBUTED` that was running when it was issued (the rest to "other"): the launches a fused
 kernel would replace are those of the functions it subsumes (e.g. `log_sinkhorn` for the mHC
@@ -39,6 +47,7 @@ import os
 import sys
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("TRITON_INTERPRET", "1")                    # before any triton.jit runs
@@ -114,6 +123,46 @@ def count_body(model: V2Model, token: int = 17) -> collections.Counter:
     return counts
 
 
+class _AnyOpRecorder(TorchDispatchMode):
+    """Every aten op an eager step issues (host synchronisations are allowed there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def count_eager(model: V2Model, token: int = 17) -> collections.Counter:
+    """Launches of one eager `model.step` at position 1 (model built with decode="eager"), by op.
+    Triton launches are recorded and not run, as in count_body."""
+    state = model.make_state()
+    model.step(3, state)
+    with triton_launches() as kernels, _AnyOpRecorder() as rec:
+        model.step(token, state)
+    counts = collections.Counter(op for op in rec.ops if launches_op(op))
+    counts.update(f"triton:{k}" for k in kernels)
+    return counts
+
+
+def count_configs(cfg, params, backends, weights, eager: bool = False):
+    """{"backend:weights": (graph-body Counter, eager Counter or None, graph model)}, each
+    weight form built once and shared by every backend (V2Model.new over its parts)."""
+    out = {}
+    for w in weights:
+        base = V2Model.from_params(params, cfg, weights=w)
+        for b in backends:
+            model = V2Model.new(cfg, *base.parts, backend=b, decode="graph")
+            eager_counts = None
+            if eager:
+                eager_counts = count_eager(V2Model.new(cfg, *base.parts, backend=b,
+                                                       decode="eager"))
+            out[f"{b}:{w}"] = (count_body(model), eager_counts, model)
+    return out
+
+
 # (owner, attribute) of the functions --by-function attributes launches to.
 ATTRIBUTED = [(model_mod, "log_sinkhorn"), (model_mod, "zc"), (model_mod, "unit_rms"),
               (model_mod, "sigmoid"), (model_mod, "silu"), (V2Model, "mm"),
@@ -180,6 +229,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=12, help="ops listed per configuration")
     ap.add_argument("--by-function", action="store_true",
                     help="also charge launches to model functions (see the docstring)")
+    ap.add_argument("--eager", action="store_true",
+                    help="also count one eager step per configuration (see the docstring)")
     ap.add_argument("--json", help="also write the counts here")
     a = ap.parse_args(argv)
     try:
@@ -192,28 +243,31 @@ def main(argv=None) -> int:
     report = {"preset": a.preset, "layers": cfg.num_layers, "configs": {}}
     print(f"device launches per decode token, graph body, preset {a.preset} "
           f"({cfg.num_layers} layers); issue-12 baseline {ISSUE_BASELINE}")
-    for weights in a.weights:
-        for backend in a.backends:
-            model = build(cfg, params, backend, weights)
-            counts = count_body(model)
-            total = sum(counts.values())
-            triton_n = sum(v for k, v in counts.items() if k.startswith("triton:"))
-            report["configs"][f"{backend}:{weights}"] = {"total": total, "triton": triton_n,
-                                                         "by_op": dict(counts.most_common())}
-            print(f"\n{backend}:{weights}: {total} launches per token "
-                  f"({total / cfg.num_layers:.0f} per layer; {triton_n} Triton)")
-            for op, n in counts.most_common(a.top):
-                print(f"  {n:6d}  {op}")
-            if a.by_function:
-                charged = count_by_function(model)
-                assert sum(charged.values()) == total, (charged, total)
-                report["configs"][f"{backend}:{weights}"]["by_function"] = dict(charged)
-                print("  charged to the innermost model function:")
-                for fn, n in charged.most_common():
-                    print(f"  {n:6d}  {fn}")
-    if a.json:
-        with open(a.json, "w") as f:
+    counted = count_configs(cfg, params, a.backends, a.weights, eager=a.eager)
+    for key, (counts, eager_counts, model) in counted.items():
+        total = sum(counts.values())
+        triton_n = sum(v for k, v in counts.items() if k.startswith("triton:"))
+        entry = report["configs"][key] = {"total": total, "triton": triton_n,
+                                          "by_op": dict(counts.most_common())}
+        print(f"\n{key}: {total} launches per token "
+              f"({total / cfg.num_layers:.0f} per layer; {triton_n} Triton)")
+        for op, n in counts.most_common(a.top):
+            print(f"  {n:6d}  {op}")
+        if eager_counts is not None:
+            entry["eager_total"] = sum(eager_counts.values())
+            entry["eager_by_op"] = dict(eager_counts.most_common())
+            print(f"  eager step: {entry['eager_total']} launches")
+        if a.by_function:
+            charged = count_by_function(model)
+            assert sum(charged.values()) == total, (charged, total)
+            entry["by_function"] = dict(charged)
+            print("  charged to the innermost model function:")
+            for fn, n in charged.most_common():
+                print(f"  {n:6d}  {fn}")
+    if a.json:                          # temp file, then rename: never a half-written JSON
+        with open(a.json + ".tmp", "w") as f:
             json.dump(report, f, indent=1)
+        os.replace(a.json + ".tmp", a.json)
     return 0
 
 
