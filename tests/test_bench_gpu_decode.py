@@ -1,0 +1,129 @@
+"""tools/bench_gpu_decode.py on the CPU at the tiny preset: the eight-row table with numbers, the
+launch counts read from count_launches' JSON, the JSON written, a raising backend reported as
+failed (exit 1) without hiding the others, bad flags as exit 2 with one line."""
+import json
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+import bench_gpu_decode as bench                                    # noqa: E402
+from port.model import V2Model                                     # noqa: E402
+
+FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "2", "--warm", "3"]
+
+
+def table_rows(out: str) -> dict:
+    """config -> its cells, from the printed markdown table."""
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("| ") and not line.startswith("| config"):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def counts_file(tmp_path, preset="tiny"):
+    """A count_launches JSON with a distinct number per backend:weights and decode."""
+    configs = {f"{b}:{w}": {"total": 100 + 10 * i, "eager_total": 500 + 10 * i}
+               for i, (b, w) in enumerate((b, w) for w in ("dense", "cq")
+                                          for b in ("torch", "triton"))}
+    path = tmp_path / "launches.json"
+    path.write_text(json.dumps({"preset": preset, "layers": 6, "configs": configs}))
+    return path, configs
+
+
+def test_eight_rows_with_numbers_launches_and_json(tmp_path, capsys):
+    launches, configs = counts_file(tmp_path)
+    out_json = tmp_path / "table.json"
+    rc = bench.main(FAST + ["--launches", str(launches), "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rows = table_rows(out)
+    assert set(rows) == set(bench.CONFIGS) and len(rows) == 8
+    doc = json.loads(out_json.read_text())
+    assert doc["complete"] is True and doc["failed"] == [] and doc["position"] == 3
+    for name in bench.CONFIGS:
+        backend, decode, weights = name.split(":")
+        ms, launch, dlogits = rows[name]
+        assert float(ms) > 0, name
+        want = configs[f"{backend}:{weights}"]["total" if decode == "graph" else "eager_total"]
+        assert launch == f"{want:,}", name
+        assert doc["rows"][name]["launches_per_token"] == want
+        assert math.isfinite(float(dlogits)), name
+        assert doc["rows"][name]["ms_per_token"] == pytest.approx(float(ms), abs=5e-4)
+    for weights in ("dense", "cq"):      # the reference itself, and graph replay == eager
+        assert doc["rows"][f"torch:eager:{weights}"]["max_abs_dlogits"] == 0.0
+        assert doc["rows"][f"torch:graph:{weights}"]["max_abs_dlogits"] == 0.0
+    assert "set_flush_denormal(True)" in out and "GPU timing unmeasured" in out
+
+
+def test_a_raising_backend_is_failed_and_the_others_still_run(tmp_path, capsys, monkeypatch):
+    real_step = V2Model.step
+
+    def step(self, token, state, logits=None):
+        if self.backend == "triton":
+            raise RuntimeError("kernel exploded\nsecond line")
+        return real_step(self, token, state, logits)
+    monkeypatch.setattr(V2Model, "step", step)
+    out_json = tmp_path / "t.json"
+    rc = bench.main(FAST + ["--configs", "triton:graph:dense", "torch:eager:dense",
+                            "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 1
+    rows = table_rows(out)
+    assert rows["triton:graph:dense"][0] == "failed: RuntimeError: kernel exploded"
+    assert float(rows["torch:eager:dense"][0]) > 0
+    assert list(rows) == ["torch:eager:dense", "triton:graph:dense"]     # table order
+    assert json.loads(out_json.read_text())["failed"] == ["triton:graph:dense"]
+
+
+def test_missing_or_foreign_counts_show_na_and_compile_is_skipped_on_cpu(tmp_path, capsys):
+    for launches, note in ((tmp_path / "absent.json", "does not exist"),
+                           (counts_file(tmp_path, preset="shipped")[0], "counts preset")):
+        rc = bench.main(FAST + ["--configs", "torch:graph:dense", "--launches", str(launches),
+                                "--compile"])
+        out = capsys.readouterr().out
+        assert rc == 0 and note in out
+        rows = table_rows(out)
+        assert rows["torch:graph:dense"][1] == "n/a"
+        compiled = rows[f"{bench.COMPILE_ROW}:dense"]
+        assert compiled[0].startswith("SKIPPED") and compiled[1:] == ["n/a", "n/a"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--configs", "torch:eager"], "--configs torch:eager"),
+    (["--configs", "native:eager:dense"], "--configs native:eager:dense"),
+    (["--steps", "0"], "--steps 0"),
+    (["--warm", "0"], "--warm 0"),
+    (["--warm", "61"], "max_seq_len=64"),                # 61 + 1 untimed + 2 steps > 63
+    (["--preset", "nope"], "--preset nope"),
+    (["--steps", "two"], "--steps"),
+    (["--frobnicate"], "--frobnicate"),
+    (["--json", "/nonexistent-dir/t.json"], "--json"),
+    (["--upstream-python", "/nonexistent/python"], "--upstream-python"),
+])
+def test_bad_flags_exit_2_with_one_line(extra, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(bench.main(FAST + extra))
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert len(err.strip().splitlines()) == 1 and words in err, err
+
+
+def test_unreadable_counts_file_is_a_bad_flag(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"preset": "tiny", "configs": {"torch:dense": {"eager_total": 3}}}')
+    for path in (bad, tmp_path):                          # no "total"; a directory
+        assert bench.main(FAST + ["--launches", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "--launches" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_cuda_refused_without_a_device(capsys):
+    assert bench.main(["--preset", "tiny", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
