@@ -196,8 +196,10 @@ class Bench:
         return median_us(one, self.a.steps, self.a.untimed, sync=self.sync) / 1e3
 
     def reference_logits(self, weights: str):
-        """torch:eager logits at --warm for this weight form (computed once, untimed)."""
+        """torch:eager logits at --warm for this weight form (computed once, untimed; None
+        when the torch backend itself fails, whose own row then says why)."""
         if weights not in self.reference:
+            self.reference[weights] = None
             model = self.make_model("torch", "eager", weights)
             state = model.make_state()
             self.warm_up(model, state)
@@ -217,7 +219,9 @@ class Bench:
             row["ms_per_token"] = self.time_steps(model, state)
             row["status"] = "ok"
         except Exception as e:                       # one broken backend must not hide the rest
-            row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if backend == "torch" and decode == "eager":
+                self.reference.setdefault(weights, None)
+            row["status"] = failure(e)
             return row
         row["max_abs_dlogits"] = self.compare(got, weights)
         return row
@@ -227,7 +231,7 @@ class Bench:
             ref = self.reference_logits(weights)
         except Exception:                            # the reference's own row says why
             return None
-        return float((got - ref).abs().max())
+        return None if ref is None else float((got - ref).abs().max())
 
     def launch_cells(self, backend, decode, weights) -> dict:
         c = self.counts.get(f"{backend}:{weights}", {})
@@ -255,10 +259,16 @@ class Bench:
             row["ms_per_token"] = self.time_steps(model, state)
             row["status"] = "ok"
         except Exception as e:
-            row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            row["status"] = failure(e)
             return row
         row["max_abs_dlogits"] = self.compare(got, weights)
         return row
+
+
+def failure(e: Exception) -> str:
+    """A row's status for an exception: its type and first line."""
+    first = (str(e).splitlines() or [""])[0]
+    return f"failed: {type(e).__name__}: {first}"
 
 
 def run_upstream(python, preset, at) -> dict:
