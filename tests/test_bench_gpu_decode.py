@@ -132,3 +132,22 @@ def test_unreadable_counts_file_is_a_bad_flag(tmp_path, capsys):
 def test_cuda_refused_without_a_device(capsys):
     assert bench.main(["--preset", "tiny", "--device", "cuda"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_count_launches_json_feeds_the_table(tmp_path, capsys, tiny_cfg, tiny_params):
+    import count_launches as cl
+    path = tmp_path / "launches.json"
+    assert cl.main(["--preset", "tiny", "--backends", "triton", "--weights", "dense",
+                    "--eager", "--json", str(path)]) == 0
+    entry = json.loads(path.read_text())["configs"]["triton:dense"]
+    assert entry["eager_total"] == sum(entry["eager_by_op"].values()) > 0
+    # dropping the uncounted prefill's Triton launches changes no count
+    model = V2Model.new(tiny_cfg, *V2Model.from_params(tiny_params, tiny_cfg).parts,
+                        backend="triton", decode="graph")
+    assert cl.count_body(model, skip_triton_prefill=True) == cl.count_body(model)
+    capsys.readouterr()
+    assert bench.main(FAST + ["--configs", "triton:eager:dense", "triton:graph:dense",
+                              "--launches", str(path)]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert rows["triton:graph:dense"][1] == f"{entry['total']:,}"
+    assert rows["triton:eager:dense"][1] == f"{entry['eager_total']:,}"
