@@ -1,7 +1,8 @@
 """Device launches per decode token of the graph body, counted on the CPU (issue 12).
 
     python tools/count_launches.py [--preset shipped] [--backends torch triton]
-                                   [--weights dense cq] [--top 12] [--eager] [--json OUT]
+                                   [--weights dense cq] [--top 12] [--eager] [--threads 1]
+                                   [--json OUT]
 
 For each backend and weight form it builds the model at the preset's geometry (seeded random
 weights, `init_params(cfg, 0, perturbed=True)`; "cq" through the .cact writer's quantiser with the
@@ -246,6 +247,8 @@ def main(argv=None) -> int:
                     help="also charge launches to model functions (see the docstring)")
     ap.add_argument("--eager", action="store_true",
                     help="also count one eager step per configuration (see the docstring)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (counts do not depend on it; see main)")
     ap.add_argument("--json", help="also write the counts here")
     a = ap.parse_args(argv)
     try:
@@ -253,6 +256,13 @@ def main(argv=None) -> int:
     except (KeyError, ValueError) as e:
         print(f"count_launches: unknown preset {a.preset!r} ({e})", file=sys.stderr)
         return 2
+    if a.threads < 1:
+        print(f"count_launches: --threads {a.threads} must be >= 1", file=sys.stderr)
+        return 2
+    # One thread by default: the count is the same, and on a busy machine the cq quantiser's
+    # parallel regions spin (shipped cq build, loaded 2-core machine: 115 s on 2 threads, 11 s
+    # on 1).
+    torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     params = init_params(cfg, 0, perturbed=True)
     report = {"preset": a.preset, "layers": cfg.num_layers, "configs": {}}
