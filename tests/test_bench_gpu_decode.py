@@ -18,6 +18,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FAST = ["--preset", "tiny", "--device", DEVICE, "--steps", "2", "--warm", "3"]
 
 
+@pytest.fixture(autouse=True)
+def keep_threads():
+    """main() sets the torch thread count of this process: put it back for the other tests."""
+    saved = torch.get_num_threads()
+    yield
+    torch.set_num_threads(saved)
+
+
 def table_rows(out: str) -> dict:
     """config -> its cells, from the printed markdown table."""
     rows = {}
@@ -103,6 +111,7 @@ def test_missing_or_foreign_counts_show_na_and_compile_is_skipped_on_cpu(tmp_pat
     (["--configs", "torch:eager"], "--configs torch:eager"),
     (["--configs", "native:eager:dense"], "--configs native:eager:dense"),
     (["--steps", "0"], "--steps 0"),
+    (["--threads", "0"], "--threads 0"),
     (["--warm", "0"], "--warm 0"),
     (["--warm", "61"], "max_seq_len=64"),                # 61 + 1 untimed + 2 steps > 63
     (["--preset", "nope"], "--preset nope"),

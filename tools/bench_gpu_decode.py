@@ -2,7 +2,8 @@
 
     python tools/bench_gpu_decode.py [--preset shipped] [--device cuda] [--configs ...]
                                      [--steps 100] [--warm 300] [--launches COUNTS.json]
-                                     [--json OUT] [--compile] [--upstream-python PATH]
+                                     [--threads N] [--json OUT] [--compile]
+                                     [--upstream-python PATH]
 
 Configurations are BACKEND:DECODE:WEIGHTS, backend torch|triton, decode eager|graph, weights
 dense|cq (all eight by default). The model is built once per weight form from seeded random
@@ -79,6 +80,8 @@ def parser() -> argparse.ArgumentParser:
                                               "(default 100 on CUDA, 5 on the CPU)")
     ap.add_argument("--warm", type=int, help="position of the first measured step (default 300 "
                                              "on CUDA, 12 on the CPU, capped by max_seq_len)")
+    ap.add_argument("--threads", type=int, help="torch threads (default 1 on the CPU, as in "
+                                                "tools/bench_decode.py; torch's own on CUDA)")
     ap.add_argument("--launches", help="JSON written by tools/count_launches.py --json")
     ap.add_argument("--json", help="also write the table here")
     ap.add_argument("--compile", action="store_true",
@@ -104,6 +107,10 @@ def check_args(a):
     a.steps = d["steps"] if a.steps is None else a.steps
     if a.steps < 1:
         return f"--steps {a.steps}: must be >= 1"
+    if a.threads is None and a.device == "cpu":
+        a.threads = 1
+    if a.threads is not None and a.threads < 1:
+        return f"--threads {a.threads}: must be >= 1"
     room = cfg.max_seq_len - 1 - a.untimed - a.steps       # the last position a run may reach
     if a.warm is None:
         a.warm = min(d["warm"], room)
@@ -353,6 +360,8 @@ def main(argv=None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")   # chosen when triton is first imported
     import port.model                                    # noqa: F401  (kernels/ sets it up)
     flush = bool(torch.set_flush_denormal(True))
+    if a.threads is not None:
+        torch.set_num_threads(a.threads)
     res = {"preset": a.preset, **environment(torch.device(a.device), flush),
            "position": a.warm, "steps": a.steps, "untimed": a.untimed,
            "launch_note": launch_note, "rows": {}}
