@@ -160,3 +160,21 @@ def test_count_launches_json_feeds_the_table(tmp_path, capsys, tiny_cfg, tiny_pa
     rows = table_rows(capsys.readouterr().out)
     assert rows["triton:graph:dense"][1] == f"{entry['total']:,}"
     assert rows["triton:eager:dense"][1] == f"{entry['eager_total']:,}"
+
+
+def test_upstream_row_from_the_interpreter_or_said_missing(tmp_path, capsys):
+    answers = {
+        "ok": ('echo \'{"upstream_one_token_ms": 3.55, "compile_s": 21.0, "jax": "0.4", '
+               '"devices": ["cuda:0"]}\''),
+        "no_wheel": "echo \"ModuleNotFoundError: No module named 'needle'\" >&2; exit 1",
+    }
+    got = {}
+    for name, body in answers.items():
+        fake = tmp_path / name
+        fake.write_text(f"#!/bin/sh\n{body}\n")
+        fake.chmod(0o755)
+        rc = bench.main(FAST + ["--configs", "torch:graph:dense", "--upstream-python", str(fake)])
+        assert rc == 0                                  # upstream never fails the run
+        got[name] = table_rows(capsys.readouterr().out)[f"{bench.UPSTREAM_ROW} (at 3)"]
+    assert got["ok"] == ["3.550", "n/a", "n/a"]
+    assert "no 'needle' module" in got["no_wheel"][0] and "unmeasured" in got["no_wheel"][0]

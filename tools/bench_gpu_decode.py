@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -290,8 +291,10 @@ def run_upstream(python, preset, at) -> dict:
         row["status"] = f"unmeasured: {python} did not run it ({type(e).__name__})"
         return row
     if out.returncode != 0:
-        if "No module named 'needle'" in out.stderr:
-            row["status"] = f"unmeasured: the cactus-needle wheel is not installed in {python}"
+        missing = re.search(r"No module named '([\w.]+)'", out.stderr)
+        if missing:
+            row["status"] = (f"unmeasured: {python} has no {missing.group(1)!r} module (upstream "
+                             f"needs the cactus-needle wheel with jax and flax)")
         else:
             tail = (out.stderr.strip().splitlines() or ["(no stderr)"])[-1][:200]
             row["status"] = f"unmeasured: bench_upstream.py exited {out.returncode}: {tail}"
