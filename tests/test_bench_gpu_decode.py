@@ -178,3 +178,20 @@ def test_upstream_row_from_the_interpreter_or_said_missing(tmp_path, capsys):
         got[name] = table_rows(capsys.readouterr().out)[f"{bench.UPSTREAM_ROW} (at 3)"]
     assert got["ok"] == ["3.550", "n/a", "n/a"]
     assert "no 'needle' module" in got["no_wheel"][0] and "unmeasured" in got["no_wheel"][0]
+
+
+def test_a_weight_form_that_does_not_build_fails_its_rows_once(capsys, monkeypatch):
+    real, calls = V2Model.from_params, []
+
+    def from_params(params, cfg, weights="dense", **kw):
+        calls.append(weights)
+        if weights == "cq":
+            raise RuntimeError("mat2 is on cpu")
+        return real(params, cfg, weights=weights, **kw)
+    monkeypatch.setattr(V2Model, "from_params", staticmethod(from_params))
+    rc = bench.main(FAST + ["--configs", "torch:eager:cq", "torch:graph:cq", "torch:eager:dense"])
+    rows = table_rows(capsys.readouterr().out)
+    assert rc == 1 and sorted(calls) == ["cq", "dense"]          # the cq build is not retried
+    assert rows["torch:eager:cq"][0] == rows["torch:graph:cq"][0] == \
+        "failed: RuntimeError: mat2 is on cpu"
+    assert float(rows["torch:eager:dense"][0]) > 0

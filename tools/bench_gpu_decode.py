@@ -148,7 +148,8 @@ def read_launches(path, preset):
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
         configs = doc["configs"]
-        counts = {k: {"graph": int(v["total"]), "eager": v.get("eager_total")}
+        counts = {k: {"graph": int(v["total"]),
+                      "eager": None if v.get("eager_total") is None else int(v["eager_total"])}
                   for k, v in configs.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"--launches {path}: not a count_launches JSON ({type(e).__name__}: "
@@ -164,19 +165,26 @@ class Bench:
     def __init__(self, a, counts):
         self.a, self.cfg, self.dev, self.counts = a, a.cfg, torch.device(a.device), counts
         self.sync = torch.cuda.synchronize if self.dev.type == "cuda" else cpu_sync
-        self.rows, self.reference, self.bases = {}, {}, {}
+        self.reference, self.bases = {}, {}
 
     def token(self, pos: int) -> int:
         return (17 * pos) % self.cfg.vocab_size
 
     def base(self, weights: str):
+        """The model of this weight form, built once; a build that failed is not retried (the
+        cq quantiser takes seconds): every configuration of the form reports its exception."""
         if weights not in self.bases:
             from port.model import V2Model
             from reference.params import init_params
             torch.manual_seed(0)
             params = init_params(self.cfg, 0, perturbed=True)
-            self.bases[weights] = V2Model.from_params(params, self.cfg, weights=weights,
-                                                      device=self.dev)
+            try:
+                self.bases[weights] = V2Model.from_params(params, self.cfg, weights=weights,
+                                                          device=self.dev)
+            except Exception as e:
+                self.bases[weights] = e
+        if isinstance(self.bases[weights], Exception):
+            raise self.bases[weights]
         return self.bases[weights]
 
     def make_model(self, backend: str, decode: str, weights: str):
@@ -216,7 +224,7 @@ class Bench:
 
     def run(self, name: str) -> dict:
         backend, decode, weights = name.split(":")
-        row = self.launch_cells(backend, decode, weights)
+        row = blank_row(self.counts.get(f"{backend}:{weights}", {}).get(decode))
         try:
             model = self.make_model(backend, decode, weights)
             state = model.make_state()
@@ -241,16 +249,10 @@ class Bench:
             return None
         return None if ref is None else float((got - ref).abs().max())
 
-    def launch_cells(self, backend, decode, weights) -> dict:
-        c = self.counts.get(f"{backend}:{weights}", {})
-        return {"ms_per_token": None, "launches_per_token": c.get(decode),
-                "max_abs_dlogits": None, "status": "not run"}
-
     def run_compiled(self) -> dict:
         """The anchor: torch backend, DecodeGraph.body under torch.compile, in one CUDA graph."""
         weights = "dense" if any(c.endswith(":dense") for c in self.a.configs) else "cq"
-        row = {"ms_per_token": None, "launches_per_token": None, "max_abs_dlogits": None,
-               "weights": weights}
+        row = dict(blank_row(), weights=weights)
         if self.dev.type != "cuda":
             row["status"] = "SKIPPED: needs CUDA (a compiled body captured in a CUDA graph)"
             return row
@@ -273,6 +275,11 @@ class Bench:
         return row
 
 
+def blank_row(launches=None) -> dict:
+    return {"ms_per_token": None, "launches_per_token": launches, "max_abs_dlogits": None,
+            "status": "not run"}
+
+
 def failure(e: Exception) -> str:
     """A row's status for an exception: its type and first line."""
     first = (str(e).splitlines() or [""])[0]
@@ -281,7 +288,7 @@ def failure(e: Exception) -> str:
 
 def run_upstream(python, preset, at) -> dict:
     """Upstream's jitted decode at the same position, in the interpreter that has it."""
-    row = {"ms_per_token": None, "launches_per_token": None, "max_abs_dlogits": None}
+    row = blank_row()
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_upstream.py")
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")   # torch holds memory too
     try:
@@ -369,7 +376,7 @@ def main(argv=None) -> int:
            "position": a.warm, "steps": a.steps, "untimed": a.untimed,
            "launch_note": launch_note, "rows": {}}
     bench = Bench(a, counts)
-    order = sorted(a.configs, key=CONFIGS.index)
+    order = sorted(set(a.configs), key=CONFIGS.index)
     for name in order:
         res["rows"][name] = bench.run(name)
         print(f"{name}: {res['rows'][name]['status']}", flush=True)
