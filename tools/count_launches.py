@@ -1,7 +1,8 @@
 """Device launches per decode token of the graph body, counted on the CPU (issue 12).
 
     python tools/count_launches.py [--preset shipped] [--backends torch triton]
-                                   [--weights dense cq] [--top 12] [--json OUT]
+                                   [--weights dense cq] [--top 12] [--eager] [--threads 1]
+                                   [--json OUT]
 
 For each backend and weight form it builds the model at the preset's geometry (seeded random
 weights, `init_params(cfg, 0, perturbed=True)`; "cq" through the .cact writer's quantiser with the
@@ -24,6 +25,15 @@ shipped bits map), runs position 0 eagerly, then runs `DecodeGraph.body` for one
 The total is "launches per token": one CUDA-graph replay of the body issues exactly these
 launches. The op sequence is position-independent (tests/test_graph.py), so one token suffices.
 
+`--eager` also counts one eager `V2Model.step` (decode="eager", position 1) the same way: every
+launching aten op plus every Triton launch, host synchronisations allowed. Tensors the eager step
+makes from host lists are uploads on a GPU (one copy each) but are born on the CPU here, so the
+eager count misses those copies. tools/bench_gpu_decode.py reads both counts from `--json`.
+
+Each weight form is built once (the cq quantisation is the slow part) and every backend is made
+over the same parts with `V2Model.new`. The uncounted prefill at position 0 drops its Triton
+launches too (see `_prefill`), so the shipped geometry counts in well under a minute.
+
 `--by-function` also attributes every counted launch to the innermost of the model functions in
 `ATTRIBUTED` that was running when it was issued (the rest to "other"): the launches a fused
 kernel would replace are those of the functions it subsumes (e.g. `log_sinkhorn` for the mHC
@@ -39,6 +49,7 @@ import os
 import sys
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("TRITON_INTERPRET", "1")                    # before any triton.jit runs
@@ -89,10 +100,23 @@ def triton_launches():
         yield names
 
 
-def count_body(model: V2Model, token: int = 17) -> collections.Counter:
+def _prefill(model: V2Model, state, skip_triton: bool) -> None:
+    """Position 0 (a prefill: eager, not counted). With skip_triton its Triton launches are
+    recorded and dropped, as in the counted step: under the interpreter a shipped-size kernel
+    takes seconds to minutes, and no count depends on the values it would have written (the
+    counted code has no data-dependent control flow)."""
+    if skip_triton:
+        with triton_launches():
+            model.step(3, state)
+    else:
+        model.step(3, state)
+
+
+def count_body(model: V2Model, token: int = 17, skip_triton_prefill: bool = False
+               ) -> collections.Counter:
     """Launches of one graph-body token, by op (aten name, or 'triton:<kernel>')."""
     state = model.make_state()
-    model.step(3, state)                       # position 0 is a prefill: eager, not counted
+    _prefill(model, state, skip_triton_prefill)
     graph = DecodeGraph(model, state)
     with triton_launches() as kernels:
         ops = record_body_ops(graph, token)
@@ -101,6 +125,47 @@ def count_body(model: V2Model, token: int = 17) -> collections.Counter:
                                  if not op.startswith("triton:") and launches_op(op))
     counts.update(f"triton:{k}" for k in kernels)
     return counts
+
+
+class _AnyOpRecorder(TorchDispatchMode):
+    """Every aten op an eager step issues (host synchronisations are allowed there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def count_eager(model: V2Model, token: int = 17, skip_triton_prefill: bool = False
+                ) -> collections.Counter:
+    """Launches of one eager `model.step` at position 1 (model built with decode="eager"), by op.
+    Triton launches are recorded and not run, as in count_body."""
+    state = model.make_state()
+    _prefill(model, state, skip_triton_prefill)
+    with triton_launches() as kernels, _AnyOpRecorder() as rec:
+        model.step(token, state)
+    counts = collections.Counter(op for op in rec.ops if launches_op(op))
+    counts.update(f"triton:{k}" for k in kernels)
+    return counts
+
+
+def count_configs(cfg, params, backends, weights, eager: bool = False):
+    """{"backend:weights": (graph-body Counter, eager Counter or None, graph model)}, each
+    weight form built once and shared by every backend (V2Model.new over its parts)."""
+    out = {}
+    for w in weights:
+        base = V2Model.from_params(params, cfg, weights=w)
+        for b in backends:
+            model = V2Model.new(cfg, *base.parts, backend=b, decode="graph")
+            eager_counts = None
+            if eager:
+                eager_counts = count_eager(V2Model.new(cfg, *base.parts, backend=b,
+                                                       decode="eager"), skip_triton_prefill=True)
+            out[f"{b}:{w}"] = (count_body(model, skip_triton_prefill=True), eager_counts, model)
+    return out
 
 
 # (owner, attribute) of the functions --by-function attributes launches to.
@@ -169,6 +234,10 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=12, help="ops listed per configuration")
     ap.add_argument("--by-function", action="store_true",
                     help="also charge launches to model functions (see the docstring)")
+    ap.add_argument("--eager", action="store_true",
+                    help="also count one eager step per configuration (see the docstring)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (counts do not depend on it; see main)")
     ap.add_argument("--json", help="also write the counts here")
     a = ap.parse_args(argv)
     try:
@@ -176,33 +245,43 @@ def main(argv=None) -> int:
     except (KeyError, ValueError) as e:
         print(f"count_launches: unknown preset {a.preset!r} ({e})", file=sys.stderr)
         return 2
+    if a.threads < 1:
+        print(f"count_launches: --threads {a.threads} must be >= 1", file=sys.stderr)
+        return 2
+    # One thread by default: the count is the same, and on a busy machine the cq quantiser's
+    # parallel regions spin (shipped cq build, loaded 2-core machine: 115 s on 2 threads, 11 s
+    # on 1).
+    torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     params = init_params(cfg, 0, perturbed=True)
     report = {"preset": a.preset, "layers": cfg.num_layers, "configs": {}}
     print(f"device launches per decode token, graph body, preset {a.preset} "
           f"({cfg.num_layers} layers); issue-12 baseline {ISSUE_BASELINE}")
-    for weights in a.weights:
-        for backend in a.backends:
-            model = build(cfg, params, backend, weights)
-            counts = count_body(model)
-            total = sum(counts.values())
-            triton_n = sum(v for k, v in counts.items() if k.startswith("triton:"))
-            report["configs"][f"{backend}:{weights}"] = {"total": total, "triton": triton_n,
-                                                         "by_op": dict(counts.most_common())}
-            print(f"\n{backend}:{weights}: {total} launches per token "
-                  f"({total / cfg.num_layers:.0f} per layer; {triton_n} Triton)")
-            for op, n in counts.most_common(a.top):
-                print(f"  {n:6d}  {op}")
-            if a.by_function:
-                charged = count_by_function(model)
-                assert sum(charged.values()) == total, (charged, total)
-                report["configs"][f"{backend}:{weights}"]["by_function"] = dict(charged)
-                print("  charged to the innermost model function:")
-                for fn, n in charged.most_common():
-                    print(f"  {n:6d}  {fn}")
-    if a.json:
-        with open(a.json, "w") as f:
+    counted = count_configs(cfg, params, a.backends, a.weights, eager=a.eager)
+    for key, (counts, eager_counts, model) in counted.items():
+        total = sum(counts.values())
+        triton_n = sum(v for k, v in counts.items() if k.startswith("triton:"))
+        entry = report["configs"][key] = {"total": total, "triton": triton_n,
+                                          "by_op": dict(counts.most_common())}
+        print(f"\n{key}: {total} launches per token "
+              f"({total / cfg.num_layers:.0f} per layer; {triton_n} Triton)")
+        for op, n in counts.most_common(a.top):
+            print(f"  {n:6d}  {op}")
+        if eager_counts is not None:
+            entry["eager_total"] = sum(eager_counts.values())
+            entry["eager_by_op"] = dict(eager_counts.most_common())
+            print(f"  eager step: {entry['eager_total']} launches")
+        if a.by_function:
+            charged = count_by_function(model)
+            assert sum(charged.values()) == total, (charged, total)
+            entry["by_function"] = dict(charged)
+            print("  charged to the innermost model function:")
+            for fn, n in charged.most_common():
+                print(f"  {n:6d}  {fn}")
+    if a.json:                          # temp file, then rename: never a half-written JSON
+        with open(a.json + ".tmp", "w") as f:
             json.dump(report, f, indent=1)
+        os.replace(a.json + ".tmp", a.json)
     return 0
 
 

@@ -5,13 +5,25 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
+# Results land in $OUT (the folder a device run hands back) or a temporary folder.
+RESULTS=${OUT:-${TMPDIR:-/tmp}/device_check}
+mkdir -p "$RESULTS"
 if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "device_check: CUDA $($PY -c 'import torch; print(torch.cuda.get_device_name(0))')"
     unset TRITON_INTERPRET
+    TABLE_ARGS=(--preset shipped --device cuda --steps 50)
 else
     echo "device_check: no CUDA device: GPU launches SKIPPED; running the kernel tests on CPU"
     export TRITON_INTERPRET=1
+    TABLE_ARGS=(--preset tiny --device cpu)       # seconds; GPU timing stays unmeasured
 fi
+# Launches per decode token, counted in a CPU child while the tests run: count_launches turns the
+# Triton interpreter on and records Triton launches without running them, so it must not share
+# a process with real CUDA kernels. Its preset is the table's.
+rm -f "$RESULTS/launches.json" "$RESULTS/device_check.json"     # never a stale table
+CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $PY tools/count_launches.py "${TABLE_ARGS[@]:0:2}" \
+    --eager --top 5 --json "$RESULTS/launches.json" >"$RESULTS/launches.log" 2>&1 &
+count_pid=$!
 $PY -m pytest -q tests/test_kernels_*.py tests/test_graph.py tests/test_model_device.py \
     tests/test_count_launches.py
 status=$?
@@ -96,21 +108,6 @@ a = med(lambda: sparse_attn_torch(q, k, v, idx, 0.125))
 b = med(lambda: sparse_attn_triton(q, k, v, idx, 0.125))
 print(f"sparse_attn decode (K={K}): torch {a:.1f} us, triton {b:.1f} us, ratio {a / b:.2f}x")
 
-from reference.config import V2Config
-from reference.params import init_params
-from port.model import V2Model
-cfg = V2Config.preset("shipped")
-params = init_params(cfg, 0, perturbed=True)
-eager = V2Model.from_params(params, cfg, device="cuda")
-graph = V2Model.new(cfg, *eager.parts, device="cuda", decode="graph")
-sa, sb = eager.make_state(), graph.make_state()
-for t in range(1, 40):                        # warm up, capture, and past nothing yet
-    eager.step(t, sa); graph.step(t, sb)
-tok = iter(range(40, 100000))
-e = med(lambda: eager.step(next(tok) % 8000, sa), 100)
-g = med(lambda: graph.step(next(tok) % 8000, sb), 100)
-print(f"shipped decode step: eager {e / 1e3:.2f} ms, graph replay {g / 1e3:.2f} ms, "
-      f"ratio {e / g:.2f}x")
 PYEOF
 # Issue #8: DeepSeek-V4.1 attention on the GPU (CUDA-graph replay vs eager bytes, Triton and the
 # torch twin vs the reference); on CPU the GPU file skips and the rest runs under the interpreter.
@@ -120,4 +117,21 @@ if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; 
     # (the V4.1 run always checks graph replay against eager; it refuses --decode)
     $PY -m ladder run --model attn_v41 --device cuda --backend triton || status=1
 fi
+# The table (issue 12): ms per decode token for backend x decode x weights, launches per token
+# beside each, max |dlogits| against the torch backend's eager step; also written as JSON.
+# DEVICE_CHECK_COMPILE=1 adds the torch.compile anchor (about 4 minutes of compile);
+# DEVICE_CHECK_UPSTREAM_PYTHON=PATH adds upstream's jitted decode (a venv with cactus-needle).
+if wait $count_pid; then
+    grep -E "launches per token|eager step" "$RESULTS/launches.log"
+else
+    echo "device_check: count_launches failed (launches shown as n/a):"
+    tail -5 "$RESULTS/launches.log"
+    status=1
+fi
+[ "${DEVICE_CHECK_COMPILE:-0}" = 1 ] && TABLE_ARGS+=(--compile)
+[ -n "${DEVICE_CHECK_UPSTREAM_PYTHON:-}" ] && \
+    TABLE_ARGS+=(--upstream-python "$DEVICE_CHECK_UPSTREAM_PYTHON")
+$PY tools/bench_gpu_decode.py "${TABLE_ARGS[@]}" --launches "$RESULTS/launches.json" \
+    --json "$RESULTS/device_check.json" || status=1
+echo "device_check: table written to $RESULTS/device_check.json"
 exit $status
