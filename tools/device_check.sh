@@ -25,7 +25,8 @@ CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $PY tools/count_launches.py "${TABLE_AR
     --eager --top 5 --json "$RESULTS/launches.json" >"$RESULTS/launches.log" 2>&1 &
 count_pid=$!
 $PY -m pytest -q tests/test_kernels_*.py tests/test_graph.py tests/test_model_device.py \
-    tests/test_count_launches.py
+    tests/test_count_launches.py tests/test_fused.py \
+    tests/test_port.py::test_triton_backend_matches_torch_backend
 status=$?
 # Issue 12: each fused decode kernel against its torch twin at the shipped shapes, and packed
 # CQ weights stepping on the device.
@@ -85,13 +86,13 @@ from reference.params import init_params
 from port.model import V2Model
 cfg = V2Config.preset("tiny")
 params = init_params(cfg, 0, perturbed=True)
-for backend in ("torch", "triton"):
-    cpu = V2Model.from_params(params, cfg, weights="cq", backend=backend)
-    gpu = V2Model.new(cfg, *V2Model.from_params(params, cfg, weights="cq", device=dev).parts,
-                      device=dev, backend=backend)
+cpu = V2Model.from_params(params, cfg, weights="cq")     # the CPU torch port: the yardstick
+on_dev = V2Model.from_params(params, cfg, weights="cq", device=dev).parts
+for backend in ("torch", "triton"):      # triton on CUDA: the fused body on the packed codes
+    gpu = V2Model.new(cfg, *on_dev, device=dev, backend=backend)
     sc, sg = cpu.make_state(), gpu.make_state()
     worst = max(float((cpu.step(t, sc) - gpu.step(t, sg).cpu()).abs().max()) for t in range(1, 20))
-    print(f"cq on CUDA ({backend}): 19 steps, max |logits - CPU| = {worst:.2e}")
+    print(f"cq on CUDA ({backend}): 19 steps, max |logits - CPU torch| = {worst:.2e}")
 PYEOF
 $PY - <<'PYEOF'
 import time, torch
@@ -116,6 +117,13 @@ $PY -m pytest -q -s tests/test_attn_v41_cuda.py tests/test_attn_v41_props.py \
 if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     # (the V4.1 run always checks graph replay against eager; it refuses --decode)
     $PY -m ladder run --model attn_v41 --device cuda --backend triton || status=1
+    # Issue 12: the fused triton body through the ladder, tiny and shipped, dense and cq
+    for preset in tiny shipped; do
+        for w in dense cq; do
+            $PY -m ladder run --preset $preset --weights $w --device cuda --backend triton \
+                --decode graph --steps 6 | tail -4 || status=1
+        done
+    done
 fi
 # The table (issue 12): ms per decode token for backend x decode x weights, launches per token
 # beside each, max |dlogits| against the torch backend's eager step; also written as JSON.
