@@ -305,6 +305,18 @@ def cq_norms_f32():
     return _patched(CqWeight, "_prerotation", _prerotation)
 
 
+def cq_norms_f32_fused():
+    """The same misread where the fused body reads the codes: the norms handed to its kernels
+    (`CqWeight.kernel_operands`, taken when the model is built) are the float32 reading."""
+    from port.cq import CqWeight
+    orig = CqWeight.kernel_operands
+
+    def kernel_operands(self, device=None):
+        packed, norms, levels, bits = orig(self, device)
+        return packed, _as_f32(norms), levels, bits
+    return _patched(CqWeight, "kernel_operands", kernel_operands)
+
+
 def _first_engram_row(cfg) -> int:
     """The first position with an in-range n-gram: min order - 1. Before it every n-gram
     reaches before position 0 and is masked, so Engram keys and values are exactly zero
@@ -341,7 +353,7 @@ FAULTS = {f.name: f for f in (
     # is a lookup of the dequantised table, the same on both sides).
     Fault("cq_norms_f32", "CQ group norms (float16 in the file) read as float32",
           cq_norms_f32, lambda cfg: ("engram_k0", _first_engram_row(cfg)), weights="cq",
-          at_load=True, requires=_cq_missing,
+          at_load=True, requires=_cq_missing, fused=cq_norms_f32_fused,
           not_native="the C step reads the norms port/native.py hands it as float32 tensors, "
                      "not through CqWeight._prerotation, and has no switch for this bug"),
 )}

@@ -35,7 +35,7 @@ def step_layer(model, i: int, lanes, state: V2State, pos: int, *, engram=None, t
         rt.decode_prep(i, pos)
         return model.fused.layer(i, X[0], [(k[0], v[0]) for k, v in eng], state, rt,
                                  trace=trace)
-    if model.decode == "graph" and pos and state.window and not state.pad_aware:
+    if model.decode == "graph" and pos and not prefill and state.window and not state.pad_aware:
         rt = state.attn_runtime(model)        # as DecodeGraph.body runs a layer
         rt.invalidate_decode_uploads()
         rt.decode_prep(i, pos)

@@ -58,7 +58,8 @@ def test_fused_body_matches_the_torch_port_through_wraps(pair, tiny_cfg):
     last = tiny_cfg.num_layers - 1
     checks = [("lanes", f"L{last:02d}.x", sa.lanes, sb.lanes),
               ("hidden", "final_norm", sa.hidden, sb.hidden)]
-    checks += [(f"k[{i}]", f"L{i:02d}.k", sa.k[i], sb.k[i]) for i in range(last + 1)]
+    checks += [(f"{kv}[{i}]", f"L{i:02d}.{kv}", getattr(sa, kv)[i], getattr(sb, kv)[i])
+               for i in range(last + 1) for kv in ("k", "v")]
     checks += [(f"vraw[{s}]", f"engram_v{s}", sa.vraw[s], sb.vraw[s])
                for s in range(tiny_cfg.num_sites)]
     for name, point, want, got in checks:
@@ -95,7 +96,9 @@ def test_triton_kernels_match_their_twins_in_the_body(tiny_cfg, tiny_params, wei
     base = V2Model.from_params(tiny_params, tiny_cfg, weights=weights, device=DEV)
     twin, tri = _fused(base.parts, tiny_cfg), _fused(base.parts, tiny_cfg, "triton")
     st, sr = twin.make_state(), tri.make_state()
-    for t in _seq(tiny_cfg, 4, seed=11).tolist():      # the interpreter: a few steps only
+    # the interpreter is slow: dense steps past the window (the ring wraps), cq a few steps
+    n = tiny_cfg.kv_window + 2 if weights == "dense" else 4
+    for t in _seq(tiny_cfg, n, seed=11).tolist():
         lt, lr = twin.step(t, st), tri.step(t, sr)
         assert rule_for("port/logits", PORT_RULES).check(lr, lt), float((lr - lt).abs().max())
 
@@ -129,9 +132,10 @@ def test_step_traced_shows_every_point_a_kernel_boundary_exposes(pair, tiny_cfg)
     _, b = pair
     every = [n for n, _ in expected(tiny_cfg)]
     fused = _traced(b, [5, 9, 13], prefill=False)         # position 2: the fused body
-    hidden = [n for n in every if n.split(".")[-1] in HIDDEN]
-    assert fused == [n for n in every if n not in hidden]
-    assert len(hidden) == len(HIDDEN) * tiny_cfg.num_layers
+    # the seven points a kernel keeps in registers (README, "The GPU decode step")
+    assert set(HIDDEN) == {"nx", "h_in", "res_logits", "attn_post", "mlp_in", "mlp_out",
+                           "block_out"}
+    assert fused == [n for n in every if n.split(".")[-1] not in HIDDEN]
     assert set(b.hidden_points) == set(HIDDEN) and not V2Model.new(
         tiny_cfg, *b.parts, device=DEV).hidden_points
     assert _traced(b, [5, 9, 13], prefill=True) == every   # prefill arithmetic: all of them
@@ -178,6 +182,15 @@ def test_body_launches_are_position_independent_and_recorded(tiny_cfg, tiny_para
 FUSED_FAULTS = sorted(n for n, f in FAULTS.items() if f.fused is not None)
 
 
+def _built(fault):
+    """The fused body (twin kernels) on the weights the fault lives in."""
+    from ladder_common import cq_file
+    cfg, params = setup()[:2]
+    base = V2Model.from_params(params, cfg, device=DEV) if fault.weights == "dense" else \
+        V2Model.from_cactfile(cq_file(), "cq", device=DEV)
+    return _fused(base.parts, cfg)
+
+
 def _first_visible(point):
     """A fault's declared point, or the first point after it the fused body shows."""
     if "." in point and point.split(".", 1)[1] in HIDDEN:
@@ -193,13 +206,30 @@ def test_faults_reach_the_fused_body(name):
     # next one shown) at the first decode position.
     cfg, params, _, tokens, prompt = setup()
     toks = tokens[:prompt + 3]
-    model = _fused(V2Model.from_params(params, cfg, device=DEV).parts, cfg)
-    clean = capture_port(model, toks, prompt)
-    with FAULTS[name].fused():
-        bad = capture_port(model, toks, prompt)
-    point, pos = FAULTS[name].touches(cfg)
+    fault = FAULTS[name]
+    clean = capture_port(_built(fault), toks, prompt)
+    with fault.fused():                               # before the build: some act at load
+        bad = capture_port(_built(fault), toks, prompt)
+    point, pos = fault.touches(cfg)
     assert first_bit_difference(bad, clean) == ("decode00", _first_visible(point),
                                                 max(pos, prompt))
+
+
+@pytest.mark.parametrize("name", sorted(n for n, f in FAULTS.items() if f.fused is None))
+def test_faults_outside_the_body_reach_its_steps(name):
+    # Host and prep faults (the n-gram hash, the window selection) have no fused form: the
+    # body reads what prep writes. With a one-token prompt every later position is a fused
+    # decode step, and the whole fault (planted as `ladder run --plant` does) first shows at
+    # its declared point and position.
+    cfg, _, _, tokens, _ = setup()
+    fault = FAULTS[name]
+    toks = tokens[:cfg.kv_window + 2]
+    clean = capture_port(_built(fault), toks, 1)
+    with fault.plant_in("triton"):
+        bad = capture_port(_built(fault), toks, 1)
+    point, pos = fault.touches(cfg)
+    assert pos >= 1
+    assert first_bit_difference(bad, clean)[1:] == (point, pos)
 
 
 @pytest.mark.parametrize("kernels", ["twin", pytest.param("triton", marks=needs_triton)])

@@ -100,13 +100,16 @@ class _capturing:
 
 def _key(kernel, args, kwargs) -> tuple:
     """What decides a compilation: the kernel, each tensor's dtype and 16-byte alignment,
-    each scalar's type (and whether it is 1), and the constexprs."""
+    each scalar's type (an integer's value 1, divisibility by 16, 64-bit range), and the
+    constexprs."""
     def one(a):
         if isinstance(a, torch.Tensor):
             return ("T", str(a.dtype), a.data_ptr() % 16 == 0)
         if isinstance(a, bool) or a is None:
             return repr(a)
-        return (type(a).__name__, a == 1)
+        # Triton specializes an integer on being 1, on divisibility by 16 and on its width
+        return (type(a).__name__, a == 1, isinstance(a, int) and a % 16 == 0,
+                isinstance(a, int) and not -2**31 <= a < 2**31)
     return (kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__,
             tuple(one(a) for a in args), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
 
