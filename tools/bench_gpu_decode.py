@@ -46,6 +46,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_decode import save                                  # noqa: E402  (atomic JSON)
 from gpu_timing import cpu_sync, median_us                     # noqa: E402
 from reference.config import V2Config                           # noqa: E402
 
@@ -326,15 +327,6 @@ def environment(dev: torch.device, flush: bool) -> dict:
             else f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)")
     return {"device": str(dev), "device_name": name, "torch": torch.__version__,
             "triton": triton_v, "threads": torch.get_num_threads(), "flush_denormal": flush}
-
-
-def save(res, path, complete: bool):
-    if not path:
-        return
-    res["complete"] = complete
-    with open(path + ".tmp", "w") as f:
-        json.dump(res, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 def cell(v, fmt):
