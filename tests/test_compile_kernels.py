@@ -27,6 +27,8 @@ def test_every_decode_kernel_compiles_for_sm90(tmp_path):
                      "_norm_gemv_kernel", "_norm_cq_gemv_kernel", "_mhc_route_kernel",
                      "_qk_rope_ring_kernel", "_layer_tail_kernel", "_final_norm_kernel"}
     assert all(k["ok"] for k in got)
+    # registers and spills read back from every cubin (the bundled cuobjdump)
+    assert all(0 < k["regs"] <= 255 and k["local"] >= 0 for k in got), got
 
 
 def test_a_kernel_that_does_not_compile_fails_the_tool(tmp_path):

@@ -11,8 +11,10 @@ preset's geometry with the launch hook of port/graph.py (`triton_launch_log(run=
 for every distinct launch (kernel, constexprs, argument types and alignment) calls
 `kernel.warmup(...)` against a stand-in driver that reports an NVIDIA target (sm_90 = H100/H200
 by default). Triton then runs its whole pipeline — TTIR, TTGIR, LLVM IR, PTX and the bundled
-`ptxas` to a cubin — and nothing is launched. Exit 0 when every kernel compiled, 1 otherwise
-(each failure printed with the compiler's message).
+`ptxas` to a cubin — and nothing is launched. Each compiled kernel is listed with its grid,
+warps, shared memory, and (read from the cubin with the bundled cuobjdump) registers per thread
+and local-memory bytes, i.e. spills. Exit 0 when every kernel compiled, 1 otherwise (each
+failure printed with the compiler's message).
 
 It must own its process: kernels are defined as compiled (not interpreted) functions only when
 TRITON_INTERPRET is off at import, so it sets that before importing anything of the project.
@@ -114,6 +116,26 @@ def _key(kernel, args, kwargs) -> tuple:
             tuple(one(a) for a in args), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
 
 
+def resource_usage(cubin: bytes) -> dict:
+    """Registers per thread and local-memory bytes (spills) of a cubin, read with the cuobjdump
+    Triton bundles; {} when it is not there."""
+    import subprocess
+    import tempfile
+    import triton
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    if not os.path.isfile(tool):
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
+                             text=True, timeout=60).stdout
+    fields = dict(tok.split(":", 1) for line in out.splitlines() if "REG:" in line
+                  for tok in line.split() if ":" in tok)
+    return {"regs": int(fields["REG"]), "local": int(fields["LOCAL"])} if fields else {}
+
+
 def compile_all(preset: str, weights_forms, arch: int, distinct: str = "specialization") -> list:
     """[{kernel, weights, seconds, ok, error, shared}] for every distinct launch: distinct
     specializations (as a GPU compiles them), or distinct="constexprs" (one per kernel and
@@ -132,7 +154,9 @@ def compile_all(preset: str, weights_forms, arch: int, distinct: str = "speciali
             row = {"kernel": key[0], "weights": weights, "constexprs": dict(key[2])}
             try:
                 ck = kernel.warmup(*args, grid=grid, **kwargs)
-                row.update(ok="cubin" in ck.asm, shared=int(ck.metadata.shared), error="")
+                row.update(ok="cubin" in ck.asm, shared=int(ck.metadata.shared), error="",
+                           warps=int(ck.metadata.num_warps), grid=list(grid),
+                           **resource_usage(ck.asm.get("cubin", b"")))
             except Exception as e:                          # report every kernel, then fail
                 row.update(ok=False, shared=None, error=f"{type(e).__name__}: {e}")
             row["seconds"] = round(time.perf_counter() - t0, 2)
@@ -165,7 +189,9 @@ def main(argv=None) -> int:
     print(f"Triton kernels of the triton backend's decode step, preset {a.preset}, compiled for "
           f"sm_{a.arch} (TTIR -> PTX -> cubin, nothing launched):")
     for r in results:
-        status = f"ok  shared {r['shared']:6d} B" if r["ok"] else "FAILED"
+        use = (f"  {r['regs']:3d} regs, {r['local']} B local (spills)" if "regs" in r else "")
+        status = (f"ok  grid {str(tuple(r['grid'])):9s} {r['warps']} warps  shared "
+                  f"{r['shared']:5d} B{use}" if r["ok"] else "FAILED")
         print(f"  {r['kernel']:28s} {r['weights']:5s} {r['seconds']:6.2f} s  {status}")
         if r["error"]:
             print(f"      {r['error'][:2000]}")
