@@ -191,10 +191,11 @@ def launch_classes():
 
 
 @contextlib.contextmanager
-def triton_launch_log(log: list, run: bool = True):
+def triton_launch_log(log: list, run: bool = True, describe: bool = True):
     """Append ("triton:<kernel>", grid, described args, described kwargs) to `log` for every
-    Triton launch `kernel[grid](...)` while active; the launch runs unless run=False (then its
-    outputs stay unwritten: a count, not a computation). Undone on exit."""
+    Triton launch `kernel[grid](...)` while active (describe=False: the kernel object, grid,
+    args and kwargs themselves); the launch runs unless run=False (then its outputs stay
+    unwritten: a count, not a computation). Undone on exit."""
     classes = launch_classes()
     saved = {c: (c.__dict__.get("__getitem__"), c.__getitem__) for c in classes}
 
@@ -205,7 +206,8 @@ def triton_launch_log(log: list, run: bool = True):
 
             def launch(*args, **kwargs):
                 log.append((name, _describe(grid), _describe(args),
-                            _describe(tuple(sorted(kwargs.items())))))
+                            _describe(tuple(sorted(kwargs.items())))) if describe else
+                           (self, grid, args, kwargs))
                 if run:
                     return orig(self, grid)(*args, **kwargs)
             return launch

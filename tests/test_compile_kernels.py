@@ -31,24 +31,45 @@ def test_every_decode_kernel_compiles_for_sm90(tmp_path):
     assert all(0 < k["regs"] <= 255 and k["local"] >= 0 for k in got), got
 
 
-def test_a_kernel_that_does_not_compile_fails_the_tool(tmp_path):
-    # The interpreter accepts what the compiler refuses: a block that is not a power of two.
+BAD_KERNEL = """
+import os, sys
+sys.path.insert(0, {tools!r})
+if sys.argv[1] == "compile":
+    import compile_kernels as ck          # turns the interpreter off, as the tool does
+import torch, triton, triton.language as tl
+
+@triton.jit
+def bad(x_ptr, n):
+    acc = 0                               # an int32 loop-carried value that turns float32
+    for i in range(0, n):
+        acc += tl.load(x_ptr + i)
+    tl.store(x_ptr, acc)
+
+x = torch.ones(12)
+if sys.argv[1] == "interpret":
+    bad[(1,)](x, 12)
+    print("interpreter ran it:", float(x[0]))
+else:
+    from triton.runtime import driver
+    driver.set_active(ck.TargetOnlyDriver(90))
+    try:
+        bad.warmup(x, 12, grid=(1,))
+    except Exception as e:
+        print("refused:", type(e).__name__, str(e).splitlines()[-1])
+        sys.exit(3)
+"""
+
+
+def test_the_compile_path_catches_what_the_interpreter_runs(tmp_path):
+    # A kernel the interpreter runs happily (numpy promotes the int) but Triton's compiler
+    # refuses: the tool's stand-in driver really compiles, the CPU tests alone would not see it.
     src = tmp_path / "bad_kernel.py"
-    src.write_text(
-        "import os, sys\n"
-        f"sys.path.insert(0, {os.path.dirname(TOOL)!r})\n"
-        "import compile_kernels as ck\n"
-        "import torch, triton, triton.language as tl\n"
-        "@triton.jit\n"
-        "def bad(x_ptr, B: tl.constexpr):\n"
-        "    tl.store(x_ptr + tl.arange(0, B), 1.0)\n"
-        "from triton.runtime import driver\n"
-        "driver.set_active(ck.TargetOnlyDriver(90))\n"
-        "try:\n"
-        "    bad.warmup(torch.zeros(12), B=12, grid=(1,))\n"
-        "except Exception as e:\n"
-        "    print('refused:', type(e).__name__); sys.exit(3)\n")
+    src.write_text(BAD_KERNEL.format(tools=os.path.dirname(os.path.abspath(TOOL))))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(src)], capture_output=True, text=True, timeout=300,
-                       env=env)
-    assert r.returncode == 3 and "refused" in r.stdout, r.stdout + r.stderr[-2000:]
+    ran = subprocess.run([sys.executable, str(src), "interpret"], capture_output=True,
+                         text=True, timeout=300, env={**env, "TRITON_INTERPRET": "1"})
+    assert ran.returncode == 0 and "interpreter ran it: 12.0" in ran.stdout, ran.stderr[-2000:]
+    built = subprocess.run([sys.executable, str(src), "compile"], capture_output=True,
+                           text=True, timeout=300, env=env)
+    assert built.returncode == 3 and "Loop-carried variable acc" in built.stdout, \
+        built.stdout + built.stderr[-2000:]

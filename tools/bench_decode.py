@@ -261,15 +261,21 @@ def check_args(args):
                     f"{native.unavailable_reason().splitlines()[0]}")
     if args.steps < 1 or args.threads < 1:
         return f"--steps {args.steps} / --threads {args.threads}: both must be >= 1"
-    up = args.upstream_python
+    return check_outputs(args.upstream_python, args.json)
+
+
+def check_outputs(upstream_python, json_path):
+    """--upstream-python must name an interpreter and --json a writable file (None: fine).
+    Shared with tools/bench_gpu_decode.py."""
+    up = upstream_python
     if up is not None and not (os.path.isfile(up) and os.access(up, os.X_OK)):
         return (f"--upstream-python {up}: no executable interpreter there; give the python "
                 f"of a venv with cactus-needle, or leave the flag out (upstream is optional)")
-    if args.json:
-        parent = os.path.dirname(os.path.abspath(args.json))
-        if os.path.isdir(args.json) or not os.path.isdir(parent) or \
+    if json_path:
+        parent = os.path.dirname(os.path.abspath(json_path))
+        if os.path.isdir(json_path) or not os.path.isdir(parent) or \
                 not os.access(parent, os.W_OK):
-            return f"--json {args.json}: cannot write a file there"
+            return f"--json {json_path}: cannot write a file there"
     return None
 
 

@@ -46,7 +46,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_decode import save                                  # noqa: E402  (atomic JSON)
+from bench_decode import check_outputs, save                   # noqa: E402
 from gpu_timing import cpu_sync, median_us                     # noqa: E402
 from reference.config import V2Config                           # noqa: E402
 
@@ -123,14 +123,9 @@ def check_args(a):
     for flag, path in (("--launches", a.launches), ("--upstream-python", a.upstream_python)):
         if path is not None and os.path.exists(path) and not os.path.isfile(path):
             return f"{flag} {path}: not a regular file"
-    up = a.upstream_python
-    if up is not None and not (os.path.isfile(up) and os.access(up, os.X_OK)):
-        return (f"--upstream-python {up}: no executable interpreter there (give the python of "
-                f"a venv with cactus-needle, or leave the flag out)")
-    if a.json:
-        parent = os.path.dirname(os.path.abspath(a.json))
-        if os.path.isdir(a.json) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-            return f"--json {a.json}: cannot write a file there"
+    problem = check_outputs(a.upstream_python, a.json)
+    if problem:
+        return problem
     a.cfg = cfg
     return None
 

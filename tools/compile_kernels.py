@@ -67,37 +67,12 @@ def _launches(preset: str, weights: str) -> list:
                                 backend="triton", decode="graph")
     state = model.make_state()
     seen = []
-    with _capturing(seen):
+    with triton_launch_log(seen, run=False, describe=False):
         model.step(3, state)                     # the prefill path (its attention kernel)
         g = DecodeGraph(model, state)
         g.prep(17)
         g.body()
     return seen
-
-
-class _capturing:
-    """Record (kernel, grid, args, kwargs) at each launch instead of running it."""
-
-    def __init__(self, out: list):
-        self.out = out
-
-    def __enter__(self):
-        from port.graph import launch_classes
-        self.saved = {c: c.__dict__.get("__getitem__") for c in launch_classes()}
-        out = self.out
-
-        def getitem(kernel, grid):
-            return lambda *args, **kwargs: out.append((kernel, grid, args, kwargs))
-        for c in self.saved:
-            c.__getitem__ = getitem
-        return self
-
-    def __exit__(self, *exc):
-        for c, own in self.saved.items():
-            if own is None:
-                del c.__getitem__
-            else:
-                c.__getitem__ = own
 
 
 def _key(kernel, args, kwargs) -> tuple:
