@@ -166,6 +166,18 @@ def _report_flags(args) -> None:
 
 
 def _regen_flags(args) -> None:
+    if getattr(args, "format", "needle-parity") == "needle-rs":
+        if args.check:
+            missing = [p for p in (f"{args.out}.json", f"{args.out}.f32")
+                       if not os.path.isfile(p)]
+            if missing:
+                _fail(f"regen --format needle-rs --check --out {args.out}: {missing[0]} does "
+                      f"not exist (drop --check to write it)")
+        else:
+            writable_dir("--out", os.path.dirname(os.path.abspath(args.out)), shown=args.out)
+        return
+    if getattr(args, "prompt", None) is not None:
+        _fail("regen --prompt: only with --format needle-rs (our fixture runs seeded token ids)")
     if args.out is None:
         if fixtures.REPO_FIXTURES is None:
             _fail("regen: this installed copy has no tests/fixtures/ to write to; give "
@@ -193,6 +205,13 @@ def check(args) -> None:
         _regen_flags(args)
         return
     _port_flags(args)
+    if args.cmd in ("compare", "dump"):
+        if args.cmd == "dump":
+            writable_dir("--out", os.path.dirname(os.path.abspath(args.out)) if args.out
+                         else "", shown=args.out)
+            if not args.out or os.path.isdir(args.out):
+                _fail(f"dump --out {args.out!r}: must name a file (the archive, .safetensors)")
+        return
     if getattr(args, "model", "needle_v2") == "needle_v2":   # attn_v41 reads its own fixture
         _fixture_flag(args)
     if args.cmd == "report":

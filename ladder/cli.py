@@ -9,6 +9,9 @@ locate  the same, then the first divergence bisected inside its layer, with loca
 report  the same, written as markdown, CSV and a self-contained HTML page.
 regen   (re)write the forward-parity fixture (tools/gen_v2_forward_parity.py calls this).
 rules   print the default tolerance rules as TOML/JSON, a starting point for --rules.
+compare A [B]  any two ladders: trace archives, needle-rs fixtures, our fixtures, the live
+        reference, our backends, an in-process --port (ladder/compare_cli.py).
+dump    one side's ladder written as a trace archive (ladder/archive.py).
 
 Exit status: 0 every point passes, 1 divergence, 2 bad input (the message names it).
 """
@@ -53,7 +56,10 @@ def _input_errors() -> tuple:
             errs.append(getattr(__import__(mod, fromlist=[name]), name))
         except (ImportError, AttributeError):
             pass
-    for mod, name in (("reference.cact", "CactFormatError"), ("port.cq", "CqError")):
+    for mod, name in (("reference.cact", "CactFormatError"), ("port.cq", "CqError"),
+                      ("ladder.archive", "ArchiveError"), ("ladder.needle_rs", "NeedleRsError"),
+                      ("ladder.namemap", "NameMapError"), ("ladder.geometry", "GeometryError"),
+                      ("ladder.ports", "PortLoadError")):
         try:
             errs.append(getattr(__import__(mod, fromlist=[name]), name))
         except (ImportError, AttributeError):
@@ -223,6 +229,9 @@ def _other_model(args) -> bool:
 
 
 def cmd_run(args, out=print) -> int:
+    if getattr(args, "port", None):
+        from .compare_cli import run_protocol_port
+        return run_protocol_port(args, out, "run")
     if _other_model(args):
         from .v41_cli import cmd_run as v41_run
         return v41_run(args, out)
@@ -241,6 +250,9 @@ def cmd_run(args, out=print) -> int:
 
 
 def cmd_locate(args, out=print) -> int:
+    if getattr(args, "port", None):
+        from .compare_cli import run_protocol_port
+        return run_protocol_port(args, out, "locate")
     if _other_model(args):
         from .v41_cli import cmd_locate as v41_locate
         return v41_locate(args, out)
@@ -258,6 +270,9 @@ def cmd_locate(args, out=print) -> int:
 
 
 def cmd_report(args, out=print) -> int:
+    if getattr(args, "port", None):
+        from .compare_cli import run_protocol_port
+        return run_protocol_port(args, out, "report")
     if _other_model(args):
         from .v41_cli import cmd_report as v41_report
         return v41_report(args, out)
@@ -363,6 +378,9 @@ def _model_args(p, regen=False):
     p.add_argument("--plant", metavar="FAULT", help="run the port with a known bug planted in "
                    "the backend's own code (ladder/faults.py; demo: the run must exit 1)")
     p.add_argument("--list-faults", action="store_true", help="list the plantable faults")
+    p.add_argument("--port", default=None, metavar="MODULE:FACTORY",
+                   help="compare an in-process port of the protocol (ladder/ports.py) instead "
+                        "of port.V2Model; locate re-runs the reference's layer from its inputs")
 
 
 def _memory_arg(p):
@@ -393,6 +411,44 @@ def parser() -> argparse.ArgumentParser:
                         "tests/fixtures/v2_forward_vectors, whatever the working directory)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 unless the existing files regenerate byte for byte")
+    p.add_argument("--format", default="needle-parity", choices=["needle-parity", "needle-rs"],
+                   help="needle-parity: our fixture (safetensors + JSON); needle-rs: its "
+                        "STEM.json + STEM.f32 of greedy decode steps, which needle-rs's "
+                        "v2_forward_parity test reads unchanged")
+    p.add_argument("--prompt", default=None, help="--format needle-rs: prompt text, encoded "
+                   "with the checkpoint's tokenizer after BOS (default: seeded token ids)")
+    for name, helptext in (("compare", "compare any two ladders (files, reference, backends)"),
+                           ("dump", "write one side's ladder as a trace archive")):
+        p = sub.add_parser(name, help=helptext)
+        if name == "compare":
+            p.add_argument("a", help="candidate: archive, needle-rs stem, fixture stem, "
+                                     "reference, torch, native, triton or port")
+            p.add_argument("b", nargs="?", default=None, help="yardstick (default reference)")
+            p.add_argument("--map", default=None, help="name map for foreign files: needle-rs, "
+                           "upstream-jax or a TOML file (ladder/namemap.py)")
+            p.add_argument("--locate", action="store_true", help="on a divergence, re-run the "
+                           "reference's layer from the candidate's recorded inputs")
+            p.add_argument("--report", default=None, metavar="DIR", help="also write the "
+                           "markdown, CSV and HTML report there")
+            p.add_argument("--stem", default="compare", help="report file name stem")
+            p.add_argument("--fine", action="store_true")
+            p.add_argument("--per-step", action="store_true")
+        else:
+            p.add_argument("side", choices=["reference", "torch", "native", "triton", "port"])
+            p.add_argument("--out", required=True, help="the archive's path (.safetensors)")
+            p.add_argument("--last-only", action="store_true",
+                           help="keep each step's last position only")
+        _model_args(p, regen=True)
+        p.add_argument("--rules", help="tolerance rules file (.toml or .json)")
+        p.add_argument("--weights", default=None, choices=[None, "dense", "cq"])
+        p.add_argument("--bits-map", default="embedding=4,mhc=4,default=2")
+        p.add_argument("--device", default="cpu")
+        p.add_argument("--backend", default="torch", choices=["torch", "triton", "native"],
+                       help=argparse.SUPPRESS)
+        p.add_argument("--decode", default="eager", choices=["eager", "graph"])
+        p.add_argument("--port", default=None, metavar="MODULE:FACTORY",
+                       help="an in-process port (ladder/ports.py): side 'port'")
+        p.add_argument("--no-check-plain", action="store_true")
     p = sub.add_parser("rules", help="print the tolerance rules (default or --rules FILE)")
     p.add_argument("--rules")
     p.add_argument("--format", default="toml", choices=["toml", "json"])
@@ -424,8 +480,14 @@ def _with_fault(cmd, args, out) -> int:
 
 def main(argv=None, out=print) -> int:
     args = parser().parse_args(argv)
+    from . import compare_cli
     cmd = {"run": cmd_run, "locate": cmd_locate, "report": cmd_report, "regen": cmd_regen,
-           "rules": cmd_rules}[args.cmd]
+           "rules": cmd_rules, "compare": compare_cli.cmd_compare,
+           "dump": compare_cli.cmd_dump}[args.cmd]
+    if args.cmd == "regen" and args.format == "needle-rs":
+        cmd = compare_cli.cmd_regen_needle_rs
+        if args.out is None:
+            args.out = "v2_forward_vectors"
     try:
         if _other_model(args):        # refuse the options a V4.1 run would silently ignore
             from .v41_cli import refuse_other_options

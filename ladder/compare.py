@@ -290,18 +290,24 @@ class Comparison:
 
 
 def hidden_text(hidden: list) -> str:
-    """One line naming the points a fused run could not show: per point name, the steps and
-    layers it is missing from and the kernel that kept it."""
-    names, steps, layers = {}, set(), set()
+    """One line naming the points a run could not show (a fused kernel kept them, another
+    implementation does not emit them): the steps and layers they are missing from, and the
+    names grouped by reason."""
+    by_why, steps, layers = {}, set(), set()
     for key, why in hidden:
         step, point = key.split("/", 1)
         steps.add(step)
         if layer_of(point) is not None:
             layers.add(layer_of(point))
-        names.setdefault(point.split(".", 1)[-1], why)
+        names = by_why.setdefault(why, [])
+        base = point.split(".", 1)[-1]
+        if base not in names:
+            names.append(base)
     where = f"{len(steps)} step(s)" + (f" x {len(layers)} layer(s)" if layers else "")
-    return (f"hidden by fusion (not compared), {len(hidden)} points over {where}: "
-            + "; ".join(f"{n} ({w})" for n, w in names.items()))
+    title = "hidden by fusion (not compared)" if all(w.startswith("fused") for w in by_why) \
+        else "not compared"
+    return (f"{title}, {len(hidden)} points over {where}: "
+            + "; ".join(f"{', '.join(n)} ({w})" for w, n in by_why.items()))
 
 
 def as_ruleset(rules) -> RuleSet:
@@ -316,8 +322,11 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
             [(s.name, s.pos, tuple(s.tokens)) for s in b.steps]:
         raise CompareError(f"ladders {a.label!r} and {b.label!r} come from different token "
                            f"schedules; compare runs of the same tokens")
+    if a.captured != b.captured:          # one side kept each step's last position only
+        a, b = a.last_only(), b.last_only()
     rows, logit_rows, hidden = [], [], []
     for st in b.steps:
+        pos0 = b.first_pos(st)
         for point in _merged_order(a, b, st.name):
             key = f"{st.name}/{point}"
             pattern = rs.pattern_for(f"{prefix}/{point}")
@@ -334,9 +343,9 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
                                      f"not traced by {side}"))
                 continue
             row = compare_point(st.name, point, a[key], b[key], pattern, rule, rs.rel_floor,
-                                st.pos)
+                                pos0)
             if point == TAIL[-1] and a[key].shape == b[key].shape:
-                res = [compare_logits(st.name, st.pos + j, a[key][j], b[key][j], rule, rs)
+                res = [compare_logits(st.name, pos0 + j, a[key][j], b[key][j], rule, rs)
                        for j in range(a[key].shape[0])]
                 logit_rows += res
                 bad = [r for r in res if not r.passed]

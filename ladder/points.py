@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .trace import Ladder, TraceError, point_name
+from .names import TraceError, point_name
 
 WHOLE, SITE, LAYER = "whole", "site", "layer"
 
@@ -71,6 +71,8 @@ POINTS = (
     Point("logits", WHOLE, lambda c: (c.vocab_size,)),
 )
 BY_NAME = {p.name: p for p in POINTS}
+# The coarse per-layer points in forward order (reference.decode.COARSE is held to it).
+COARSE = tuple(p.name for p in POINTS if p.scope == LAYER and p.coarse)
 
 
 def expected(cfg, logits: bool = True) -> list:
@@ -91,7 +93,7 @@ def expected(cfg, logits: bool = True) -> list:
     return out
 
 
-def check_ladder(ladder: Ladder, cfg, keep=None) -> None:
+def check_ladder(ladder, cfg, keep=None) -> None:
     """Every step of `ladder` holds exactly the registry's points (those `keep` admits, less
     those it names hidden by fusion), in its order, each [S, *shape]; TraceError names the
     first that does not."""
@@ -136,7 +138,7 @@ def check_native_captures(names: tuple) -> None:
 
 def check_coarse(coarse: tuple) -> None:
     """The reference's coarse ladder names against the registry's coarse per-layer points."""
-    want = tuple(p.name for p in POINTS if p.scope == LAYER and p.coarse)
+    want = COARSE
     if tuple(coarse) != want:
         raise TraceError(f"reference.decode.COARSE {tuple(coarse)} differs from the "
                          f"registry's coarse points {want} (ladder/points.py)")

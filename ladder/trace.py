@@ -17,25 +17,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.decode import COARSE
+from .names import TraceError, layer_of, point_name  # noqa: F401  (re-exported)
+from .points import COARSE
 
 HEADS = ("q", "k", "v")                   # reference layout [B, H, S, hd]
 TAIL = ("lane_mean", "final_norm", "logits")
-
-
-class TraceError(ValueError):
-    """A trace that breaks the protocol (a point twice, positions out of step, bad shapes)."""
-
-
-def point_name(name: str, layer) -> str:
-    return name if layer is None else f"L{int(layer):02d}.{name}"
-
-
-def layer_of(point: str):
-    """Layer index of `L07.y` (7); None for whole-forward points."""
-    if len(point) > 4 and point[0] == "L" and point[1:3].isdigit() and point[3] == ".":
-        return int(point[1:3])
-    return None
+CAPTURED = ("all", "last")
 
 
 def is_coarse(point: str) -> bool:
@@ -74,8 +61,39 @@ class Ladder:
     values: dict = field(default_factory=dict)      # insertion order = ladder order
     label: str = ""
     # "{step}/{point}" -> why the run could not show it (a fused kernel kept it in
-    # registers): named, never silently missing. Compared as neither pass nor fail.
+    # registers; another implementation does not emit it): named, never silently missing.
+    # Compared as neither pass nor fail.
     hidden: dict = field(default_factory=dict)
+    # "all": each value holds every position of its step; "last": only the step's last
+    # position (needle-rs's fixture records a prefill that way), a leading axis of 1.
+    captured: str = "all"
+    meta: dict = field(default_factory=dict)   # what produced it (an archive's manifest)
+
+    def __post_init__(self):
+        if self.captured not in CAPTURED:
+            raise TraceError(f"Ladder.captured={self.captured!r}; one of {CAPTURED}")
+
+    def first_pos(self, step) -> int:
+        """Absolute position of the first row a value of `step` holds."""
+        return step.pos + len(step.tokens) - 1 if self.captured == "last" else step.pos
+
+    def last_only(self) -> "Ladder":
+        """The same ladder holding only each step's last position (a view, no copy)."""
+        if self.captured == "last":
+            return self
+        vals = {k: v[-1:] for k, v in self.values.items()}
+        return Ladder(self.steps, vals, self.label, dict(self.hidden), "last", self.meta)
+
+    def save(self, path, **manifest) -> str:
+        """Write this ladder as a trace archive (ladder/archive.py); returns the path."""
+        from .archive import save
+        return save(self, path, **manifest)
+
+    @classmethod
+    def load(cls, path, max_memory=None) -> "Ladder":
+        """A trace archive read back (ladder/archive.py); its manifest is `ladder.manifest`."""
+        from .archive import load
+        return load(path, max_memory=max_memory)
 
     def keys(self) -> list:
         return list(self.values)
@@ -94,8 +112,19 @@ class Ladder:
         """The value of `point` at absolute position `pos` (one position, no leading axis)."""
         for s in self.steps:
             if pos in s.positions:
-                return self.values[f"{s.name}/{point}"][pos - s.pos]
+                j = pos - self.first_pos(s)
+                if j < 0:
+                    raise KeyError(f"position {pos} of step {s.name} was not captured "
+                                   f"(this ladder holds only each step's last position)")
+                return self.values[f"{s.name}/{point}"][j]
         raise KeyError(f"position {pos} is in no step of this ladder")
+
+    def has_at(self, point: str, pos: int) -> bool:
+        try:
+            self.at(point, pos)
+            return True
+        except KeyError:
+            return False
 
     @property
     def tokens(self) -> list:
@@ -112,7 +141,8 @@ class Ladder:
 
     def __repr__(self):
         n = sum(v.numel() for v in self.values.values())
-        hid = f", {len(self.hidden)} hidden by fusion" if self.hidden else ""
+        hid = f", {len(self.hidden)} not compared" if self.hidden else ""
+        hid += ", last position of each step" if self.captured == "last" else ""
         return (f"Ladder({self.label or 'unnamed'}: {len(self.steps)} steps, "
                 f"{len(self.values)} points{hid}, {n} values)")
 

@@ -190,6 +190,47 @@ def _check_inputs(params, cfg, tokens, k_cache, v_cache, pos, hist, hist_valid, 
             raise DecodeInputError(f"hist holds ids outside 0..{cfg.vocab_size - 1}")
 
 
+def layer_cached(params, cfg: V2Config, i: int, x, engram, k_cache_l, v_cache_l, pos, cos_s,
+                 sin_s, kv_window, key_valid, sink, trace, offsets):
+    """Layer `i` on lanes x [B, S, n, d]: the mHC routing around one block. `engram` is the
+    layer's site's (keys, values) [B, S, d] or None; `offsets` its (pre, post) lane offsets.
+    Writes the layer's K/V into its cache; returns the new lanes. (The ladder re-runs a layer
+    through this from another implementation's recorded inputs: ladder/dump_locate.py.)"""
+    B, S, n, C = x.shape
+    st = "stack/mhc_"
+    nx = rms_unit(x.reshape(B, S, n * C))                          # one rms over all lanes
+    _emit(trace, "nx", i, nx)
+    hpre = torch.sigmoid(params[st + "a_pre"][i] * (nx @ params[st + "phi_pre"][i])
+                         + params[st + "b_pre"][i] + offsets[0])
+    _emit(trace, "hpre", i, hpre)
+    u = torch.einsum("btn,btnc->btc", hpre, x)
+    _emit(trace, "u", i, u)
+    bx = u
+    if engram is not None:
+        ek, ev = engram
+        alpha = torch.sigmoid(torch.einsum("btd,btd->bt", rms_unit(u), rms_unit(ek))
+                              / math.sqrt(C))
+        _emit(trace, "alpha", i, alpha)
+        bx = u + alpha[..., None] * ev
+    _emit(trace, "bx", i, bx)
+    out = block_cached(bx, layer_params(params, i), k_cache_l, v_cache_l, pos, cos_s,
+                       sin_s, cfg, kv_window, key_valid, sink, trace, i)
+    _emit(trace, "block_out", i, out)
+    y = out - u                                                    # minus u, not bx
+    _emit(trace, "y", i, y)
+    hpost = 2 * torch.sigmoid(params[st + "a_post"][i] * (nx @ params[st + "phi_post"][i])
+                              + params[st + "b_post"][i] + offsets[1])
+    _emit(trace, "hpost", i, hpost)
+    res = params[st + "a_res"][i] * (nx @ params[st + "phi_res"][i]).reshape(B, S, n, n) \
+        + params[st + "b_res"][i]
+    _emit(trace, "res_logits", i, res)
+    hres = sinkhorn(res)
+    _emit(trace, "hres", i, hres)
+    x = torch.einsum("btij,btjc->btic", hres, x) + hpost[..., None] * y[:, :, None, :]
+    _emit(trace, "x", i, x)
+    return x
+
+
 def forward_cached(params, cfg: V2Config, tokens, k_cache, v_cache, pos, *, kv_window=None,
                    hist=None, hist_valid=None, sink=None, key_valid=None, trace=None):
     """Run S tokens at positions pos..pos+S-1. Returns (logits [B,S,V], k_cache', v_cache').
@@ -226,39 +267,12 @@ def forward_cached(params, cfg: V2Config, tokens, k_cache, v_cache, pos, *, kv_w
             _emit(trace, f"engram_v{s}", None, ev[s])
 
     pre_off, post_off = mhc_lane_offsets(cfg.num_layers, n, dtype)
-    st = "stack/mhc_"
     x = x0[:, :, None, :].expand(B, S, n, C)                       # lanes [B, S, n, d]
     for i in range(cfg.num_layers):
-        nx = rms_unit(x.reshape(B, S, n * C))                      # one rms over all lanes
-        _emit(trace, "nx", i, nx)
-        hpre = torch.sigmoid(params[st + "a_pre"][i] * (nx @ params[st + "phi_pre"][i])
-                             + params[st + "b_pre"][i] + pre_off[i])
-        _emit(trace, "hpre", i, hpre)
-        u = torch.einsum("btn,btnc->btc", hpre, x)
-        _emit(trace, "u", i, u)
-        bx = u
         site = cfg.site_of_layer(i)
-        if site is not None:
-            alpha = torch.sigmoid(torch.einsum("btd,btd->bt", rms_unit(u), rms_unit(ek[site]))
-                                  / math.sqrt(C))
-            _emit(trace, "alpha", i, alpha)
-            bx = u + alpha[..., None] * ev[site]
-        _emit(trace, "bx", i, bx)
-        out = block_cached(bx, layer_params(params, i), k_cache[i], v_cache[i], pos, cos_s,
-                           sin_s, cfg, kv_window, key_valid, sink, trace, i)
-        _emit(trace, "block_out", i, out)
-        y = out - u                                                # minus u, not bx
-        _emit(trace, "y", i, y)
-        hpost = 2 * torch.sigmoid(params[st + "a_post"][i] * (nx @ params[st + "phi_post"][i])
-                                  + params[st + "b_post"][i] + post_off[i])
-        _emit(trace, "hpost", i, hpost)
-        res = params[st + "a_res"][i] * (nx @ params[st + "phi_res"][i]).reshape(B, S, n, n) \
-            + params[st + "b_res"][i]
-        _emit(trace, "res_logits", i, res)
-        hres = sinkhorn(res)
-        _emit(trace, "hres", i, hres)
-        x = torch.einsum("btij,btjc->btic", hres, x) + hpost[..., None] * y[:, :, None, :]
-        _emit(trace, "x", i, x)
+        eng = None if site is None else (ek[site], ev[site])
+        x = layer_cached(params, cfg, i, x, eng, k_cache[i], v_cache[i], pos, cos_s, sin_s,
+                         kv_window, key_valid, sink, trace, (pre_off[i], post_off[i]))
     m = torch.mean(x, dim=2)
     _emit(trace, "lane_mean", None, m)
     f = zcrms(m, params["stack/final_norm/scale"])

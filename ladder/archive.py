@@ -1,0 +1,223 @@
+"""Trace archives: a whole ladder in one safetensors file that any implementation can write.
+
+Why safetensors: every ecosystem a port lives in writes it with its own library (Rust's
+`safetensors` crate, C++'s, `safetensors.numpy` from JAX), it holds no code (no pickle), and
+its header is plain JSON, so a reader can check every declared size before allocating.
+
+Layout (format "needle-parity-trace", schema_version 1; README "Bring your own port"):
+
+- one tensor per recorded value, keyed `{step}/{point}` (`prefill/embed`, `decode03/L07.y`),
+  point names as the registry spells them (ladder/points.py); the leading axis is the
+  positions captured: every position of the step (`captured = "all"`) or only its last
+  (`"last"`); float32, float64, float16 or bfloat16 (the two halves are widened to float32
+  on reading, and the manifest says so);
+- the manifest: one JSON string in the safetensors metadata under `needle_parity_trace`:
+
+      format, schema_version
+      producer     {name, version, backend, device, dtype}
+      geometry     {d_model, num_heads, num_kv_heads, num_layers, head_dim, mhc_lanes,
+                    engram_layers, engram_orders, rope_theta, vocab_size}
+      kv_window    the attention window the run used (0: full causal)
+      weights      {source, file, sha256 (of the weights file's bytes), params_sha256}
+      schedule     {tokens, prompt_len, steps: [{name, pos, len}]}
+      argmax       {step: argmax of its last position's logits}
+      captured     "all" | "last"
+      points       point names in forward order
+      not_emitted  {point (every step) or step/point: why it is absent}
+
+The reader refuses anything else with ArchiveError naming the field (or tensor) and the
+limit. The comparison engine needs only `Ladder`; nothing here knows the model.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from .trace import CAPTURED, Ladder, Step
+
+FORMAT = "needle-parity-trace"
+SCHEMA = 1
+META_KEY = "needle_parity_trace"
+MAX_STEPS = 1 << 16
+MAX_POINTS = 1 << 16
+MAX_NAME = 200                      # characters of a step or point name
+MAX_TOKEN = 1 << 31
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+class ArchiveError(ValueError):
+    """A trace archive that is malformed, hostile or inconsistent (names the field)."""
+
+
+def _argmax(ladder: Ladder) -> dict:
+    out = {}
+    for st in ladder.steps:
+        key = f"{st.name}/logits"
+        if key in ladder.values and ladder.values[key].numel():
+            out[st.name] = int(torch.argmax(ladder.values[key][-1].reshape(-1)))
+    return out
+
+
+def manifest_for(ladder: Ladder, *, producer: dict, geometry: dict, kv_window: int,
+                 weights: dict, prompt_len: int, not_emitted: dict | None = None) -> dict:
+    """The manifest of `ladder` (the fields above); `not_emitted` adds to `ladder.hidden`."""
+    points = []
+    for key in ladder.values:
+        p = key.split("/", 1)[1]
+        if p not in points:
+            points.append(p)
+    missing = dict(not_emitted or {})
+    missing.update(ladder.hidden)
+    return {
+        "format": FORMAT, "schema_version": SCHEMA,
+        "producer": {k: str(producer.get(k, "")) for k in
+                     ("name", "version", "backend", "device", "dtype")},
+        "geometry": dict(geometry), "kv_window": int(kv_window),
+        "weights": {k: weights.get(k) for k in ("source", "file", "sha256", "params_sha256")},
+        "schedule": {"tokens": [int(t) for t in ladder.tokens], "prompt_len": int(prompt_len),
+                     "steps": [{"name": s.name, "pos": s.pos, "len": len(s.tokens)}
+                               for s in ladder.steps]},
+        "argmax": _argmax(ladder), "captured": ladder.captured, "points": points,
+        "not_emitted": missing,
+    }
+
+
+def save(ladder: Ladder, path, **manifest) -> str:
+    """Write `ladder` to `path` (a temp file renamed into place: all or nothing)."""
+    from safetensors.torch import save_file
+    path = os.fspath(path)
+    if not path or os.path.basename(path) in ("", ".", ".."):
+        raise ArchiveError(f"archive path {path!r} names no file")
+    m = manifest_for(ladder, **manifest)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in ladder.values.items()}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    try:
+        save_file(tensors, tmp, metadata={META_KEY: json.dumps(m, sort_keys=True)})
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _need(d, key, kind, where):
+    if not isinstance(d, dict) or key not in d:
+        raise ArchiveError(f"{where}: manifest lacks field {key!r}")
+    v = d[key]
+    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+        raise ArchiveError(f"{where}: manifest field {key!r} is {type(v).__name__}, needs "
+                           f"{getattr(kind, '__name__', str(kind))}")
+    return v
+
+
+def _name(v, what, where) -> str:
+    if not isinstance(v, str) or not 0 < len(v) <= MAX_NAME or "/" in v:
+        raise ArchiveError(f"{where}: {what} {str(v)[:40]!r} must be a string of 1..{MAX_NAME} "
+                           f"characters without '/'")
+    return v
+
+
+def parse_manifest(text, where: str) -> dict:
+    """The manifest's JSON, every field typed and bounded; steps checked against the tokens."""
+    from reference.safe_io import parse_json      # the project's bounded JSON reader
+    m = parse_json(text, f"{where}: metadata {META_KEY}", ArchiveError)
+    if not isinstance(m, dict):
+        raise ArchiveError(f"{where}: manifest must be a JSON object")
+    if m.get("format") != FORMAT:
+        raise ArchiveError(f"{where}: field format={str(m.get('format'))[:40]!r}; this reader "
+                           f"knows {FORMAT!r}")
+    if _need(m, "schema_version", int, where) != SCHEMA:
+        raise ArchiveError(f"{where}: field schema_version={m['schema_version']}; this reader "
+                           f"knows {SCHEMA}")
+    for key, kind in (("producer", dict), ("geometry", dict), ("kv_window", int),
+                      ("weights", dict), ("schedule", dict), ("argmax", dict),
+                      ("captured", str), ("points", list), ("not_emitted", dict)):
+        _need(m, key, kind, where)
+    if m["captured"] not in CAPTURED:
+        raise ArchiveError(f"{where}: field captured={m['captured'][:20]!r}; one of {CAPTURED}")
+    sch = m["schedule"]
+    tokens = _need(sch, "tokens", list, f"{where}: schedule")
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TOKEN
+               for t in tokens):
+        raise ArchiveError(f"{where}: field schedule.tokens must hold integers in "
+                           f"0..{MAX_TOKEN - 1}")
+    _need(sch, "prompt_len", int, f"{where}: schedule")
+    steps = _need(sch, "steps", list, f"{where}: schedule")
+    if not 1 <= len(steps) <= MAX_STEPS:
+        raise ArchiveError(f"{where}: field schedule.steps holds {len(steps)} steps; needs "
+                           f"1..{MAX_STEPS}")
+    out, pos = [], 0
+    for i, s in enumerate(steps):
+        at = f"{where}: schedule.steps[{i}]"
+        name = _name(_need(s, "name", str, at), "step name", at)
+        if _need(s, "pos", int, at) != pos:
+            raise ArchiveError(f"{at}: field pos={s['pos']}; the steps before end at {pos}")
+        n = _need(s, "len", int, at)
+        if not 1 <= n <= len(tokens) - pos:
+            raise ArchiveError(f"{at}: field len={n} must lie in 1..{len(tokens) - pos} "
+                               f"(the tokens left)")
+        out.append(Step(name, pos, tuple(tokens[pos:pos + n])))
+        pos += n
+    if pos != len(tokens) or len({s.name for s in out}) != len(out):
+        raise ArchiveError(f"{where}: field schedule.steps must cover the {len(tokens)} tokens "
+                           f"once, with distinct names")
+    if len(m["points"]) > MAX_POINTS or len(set(m["points"])) != len(m["points"]):
+        raise ArchiveError(f"{where}: field points must list at most {MAX_POINTS} distinct names")
+    for p in m["points"]:
+        _name(p, "point name", f"{where}: points")
+    for k, why in m["not_emitted"].items():
+        if not isinstance(why, str):
+            raise ArchiveError(f"{where}: field not_emitted[{k[:40]!r}] must be a string")
+    m["_steps"] = out
+    return m
+
+
+def load(path, max_memory: int | None = None) -> Ladder:
+    """A trace archive as a Ladder (`.meta` holds the manifest). The file is framed and every
+    tensor's size checked against the memory budget before anything is allocated."""
+    from reference.params import ParamsError, load_safetensors
+    where = os.fspath(path)
+    try:
+        tensors, meta = load_safetensors(path, max_memory, error=ArchiveError)
+    except ParamsError as e:                     # pragma: no cover (error= converts it)
+        raise ArchiveError(str(e)) from None
+    if META_KEY not in meta:
+        raise ArchiveError(f"{where}: safetensors metadata lacks {META_KEY!r}: not a "
+                           f"needle-parity trace archive")
+    m = parse_manifest(meta[META_KEY], where)
+    steps = m.pop("_steps")
+    by_step = {s.name: s for s in steps}
+    order = {p: i for i, p in enumerate(m["points"])}
+    values, upcast = {}, []
+    for key in tensors:
+        step, _, point = key.partition("/")
+        if step not in by_step or point not in order:
+            raise ArchiveError(f"{where}: tensor {key[:80]!r} is not '{{step}}/{{point}}' with a "
+                               f"step of schedule.steps and a point of field points")
+    for st in steps:
+        rows = 1 if m["captured"] == "last" else len(st.tokens)
+        for point in m["points"]:
+            key = f"{st.name}/{point}"
+            if key not in tensors:
+                continue
+            t = tensors[key]
+            if t.dtype not in _DTYPES or t.dim() < 1 or t.shape[0] != rows:
+                raise ArchiveError(f"{where}: tensor {key!r} is {t.dtype} {list(t.shape)}; needs "
+                                   f"a float dtype and a leading axis of {rows} position(s)")
+            if t.dtype in (torch.float16, torch.bfloat16):
+                upcast.append(key)
+                t = t.float()
+            values[key] = t
+    hidden = {}
+    for k, why in m["not_emitted"].items():
+        if "/" in k:
+            hidden[k] = why
+        else:
+            hidden.update({f"{s.name}/{k}": why for s in steps if f"{s.name}/{k}" not in values})
+    m["upcast"] = upcast
+    prod = m["producer"]
+    label = " ".join(x for x in (prod.get("name"), prod.get("backend")) if x) or where
+    return Ladder(steps, values, label, hidden, m["captured"], m)

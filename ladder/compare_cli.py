@@ -1,0 +1,356 @@
+"""`python -m ladder compare A [B]`, `dump SIDE`, and `regen --format needle-rs`.
+
+A side is a trace archive (`.safetensors` written by `dump` or any port), a needle-rs fixture
+(`STEM.json` + `STEM.f32`), our forward-parity fixture (`STEM.json` + `STEM.safetensors`), a
+safetensors file in another implementation's names read through `--map`, `reference` (run
+live on the model of --params/--cact/--preset, on the tokens the other side recorded), one of
+our backends (`torch`, `native`, `triton`), or `port` (the in-process port of --port). A is the
+candidate, B (default `reference`) the yardstick whose magnitudes scale the bounds.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import torch
+
+from .trace import Ladder
+
+LIVE = ("reference", "torch", "native", "triton", "port")
+
+
+def _err(msg):
+    from .cli import LadderInputError
+    return LadderInputError(msg)
+
+
+def file_sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_side(spec: str, args) -> Ladder:
+    """A file side as a Ladder whose `.meta` says what it knows (geometry, window, weights)."""
+    from . import fixtures, needle_rs
+    from .archive import META_KEY, load as load_archive
+    if not spec:
+        raise _err("compare: an empty side; give a file, reference, torch, native, triton or "
+                   "port")
+    budget = args.max_memory
+    if needle_rs.is_needle_rs(spec):
+        return needle_rs.read(spec, budget, _map(args) if args.map else None)
+    if os.path.isfile(spec):
+        from reference.params import read_safetensors_header
+        header, _ = read_safetensors_header(spec, budget)
+        if META_KEY in header.get("__metadata__", {}):
+            return load_archive(spec, budget)
+        if args.map:
+            from .foreign import read_mapped
+            return read_mapped(spec, _map(args), budget)
+    stem = fixtures.find_stem(spec)
+    if stem is None:
+        raise _err(f"compare: side {spec!r} is not a trace archive, a needle-rs fixture "
+                   f"(STEM.json + STEM.f32), our fixture (STEM.json + STEM.safetensors) or, "
+                   f"with --map, a safetensors file of another implementation's names; nor "
+                   f"one of {', '.join(LIVE)}")
+    fx = fixtures.load(stem, budget)
+    lad = fx.ladder
+    lad.meta = {"format": "needle-parity fixture", "geometry": _geometry(fx.cfg),
+                "kv_window": fx.window, "weights": {"params_sha256":
+                                                    fx.manifest["params"].get("sha256")},
+                "producer": {"name": fx.manifest.get("generator", "fixture")}}
+    return lad
+
+
+def _map(args):
+    from .namemap import load_map
+    return load_map(args.map)
+
+
+def _geometry(cfg) -> dict:
+    from .geometry import geometry_of
+    return geometry_of(cfg)
+
+
+def _schedule_of(lad: Ladder) -> tuple:
+    first = lad.steps[0]
+    prompt = len(first.tokens) if first.name == "prefill" else 1
+    return lad.tokens, prompt
+
+
+def check_agree(sides: list, cfg, src) -> None:
+    """Geometry, weights and schedule of every file side against the model and each other;
+    exit 2 naming the field and both values."""
+    from .geometry import geometry_mismatch
+    files = [(name, lad) for name, lad in sides if lad is not None]
+    model_geo = _geometry(cfg) if cfg is not None else None
+    for name, lad in files:
+        geo = lad.meta.get("geometry")
+        if model_geo is not None and geo:
+            bad = geometry_mismatch(geo, model_geo)
+            if bad:
+                raise _err(f"compare: geometry field {bad[0]} is {bad[1]!r} in {name}, "
+                           f"{bad[2]!r} in the model ({_model_name(src)})")
+        w = lad.meta.get("weights") or {}
+        if src is not None:
+            for key in ("sha256", "params_sha256"):
+                mine = src.get("file_sha256" if key == "sha256" else "sha256")
+                if w.get(key) and mine and w[key] != mine:
+                    raise _err(f"compare: weights field {key} is {w[key][:16]}... in {name}, "
+                               f"{mine[:16]}... for the model ({_model_name(src)})")
+    for (na, a), (nb, b) in zip(files, files[1:]):
+        ga, gb = a.meta.get("geometry") or {}, b.meta.get("geometry") or {}
+        bad = geometry_mismatch(ga, gb)
+        if bad:
+            raise _err(f"compare: geometry field {bad[0]} is {bad[1]!r} in {na}, {bad[2]!r} "
+                       f"in {nb}")
+        if a.tokens != b.tokens:
+            i = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y),
+                     min(len(a.tokens), len(b.tokens)))
+            va = a.tokens[i] if i < len(a.tokens) else "(none)"
+            vb = b.tokens[i] if i < len(b.tokens) else "(none)"
+            raise _err(f"compare: tokens differ at position {i}: {va} in {na}, {vb} in {nb}")
+        sa = [(s.pos, len(s.tokens)) for s in a.steps]
+        sb = [(s.pos, len(s.tokens)) for s in b.steps]
+        if sa != sb:
+            raise _err(f"compare: schedules differ: steps (pos, len) {sa[:4]}... in {na}, "
+                       f"{sb[:4]}... in {nb}")
+        wa = a.meta.get("kv_window")
+        wb = b.meta.get("kv_window")
+        if wa is not None and wb is not None and wa != wb:
+            raise _err(f"compare: field kv_window is {wa} in {na}, {wb} in {nb}")
+
+
+def _model_name(src) -> str:
+    return f"{src['source']} {src.get('preset', src.get('file', ''))}".strip()
+
+
+def run_live(spec, args, params, cfg, cactfile, tokens, prompt, window, progress=None):
+    """(ladder, description) of a live side on these tokens."""
+    from .capture import capture_port, capture_reference
+    check = not args.no_check_plain
+    if spec == "reference":
+        lad = capture_reference(params, cfg, tokens, prompt, window=window, check_plain=check,
+                                progress=progress, label="reference")
+        return lad, params, "reference (float32)"
+    if spec == "port":
+        if not args.port:
+            raise _err("compare: side 'port' needs --port module:factory")
+        from .ports import build_port, capture_protocol
+        port = build_port(args.port, params, cfg)
+        state_window = getattr(port.make_state(), "window", window)
+        if state_window != window:
+            raise _err(f"compare: --port {args.port} steps on a window of {state_window}; the "
+                       f"schedule's is {window}")
+        return capture_protocol(port, cfg, tokens, prompt, check_plain=check,
+                                progress=progress, label=f"port {args.port}"), params, args.port
+    from .cli import build_port as build_ours
+    from .runinfo import describe_port
+    args.backend = spec
+    ref_params, model, weights = build_ours(params, cfg, cactfile, args)
+    override = None if model.make_state().window == window else window
+    run = describe_port(model, weights, args.device, override)
+    lad = capture_port(model, tokens, prompt, window=override, check_plain=check,
+                       progress=progress, label=run.label())
+    return lad, ref_params, run.label()
+
+
+def cmd_compare(args, out=print) -> int:
+    from . import cli
+    from .compare import compare_ladders
+    from .progress import bar
+    from .rules import DEFAULT_RULES, load_rules
+    rules = load_rules(args.rules) if args.rules else DEFAULT_RULES
+    specs = [args.a, args.b or "reference"]
+    files = [None if s in LIVE else load_side(s, args) for s in specs]
+    live = [s for s, f in zip(specs, files) if f is None]
+    params = cfg = src = cactfile = None
+    if live or args.locate:
+        params, cfg, src, cactfile = cli.load_model(args)
+        for flag in ("cact", "params"):
+            if getattr(args, flag):
+                src["file_sha256"] = file_sha256(getattr(args, flag))
+    check_agree(list(zip(specs, files)), cfg, src)
+    base = next((f for f in files if f is not None), None)
+    if base is not None:
+        tokens, prompt = _schedule_of(base)
+        window = base.meta.get("kv_window")
+        if window is None:
+            window = cfg.kv_window if cfg is not None else 0
+        if cfg is not None and len(tokens) > cfg.max_seq_len:
+            raise _err(f"compare: {len(tokens)} positions recorded, more than the model's "
+                       f"max_seq_len={cfg.max_seq_len}")
+    else:
+        tokens, prompt = cli._schedule(args, cfg)
+        window = cfg.kv_window if args.window is None else args.window
+    ladders, labels, ref_params = [], [], params
+    with bar(len(tokens) * len(live), "capturing") as pb:
+        for spec, f in zip(specs, files):
+            if f is not None:
+                ladders.append(f)
+                labels.append(f"{spec} ({f.label})")
+                continue
+            lad, rp, label = run_live(spec, args, params, cfg, cactfile, tokens, prompt, window,
+                                      pb)
+            if spec == "reference" or ref_params is params:
+                ref_params = rp
+            ladders.append(lad)
+            labels.append(label)
+    a, b = ladders
+    out(f"needle-parity compare: {labels[0]} vs {labels[1]}")
+    out(f"schedule: prompt {prompt} + {len(tokens) - prompt} decode steps = {len(tokens)} "
+        f"positions, window {window}" + (", last position of each step" if "last" in
+                                         (a.captured, b.captured) else ""))
+    if cfg is not None:
+        from .foreign import fill_not_emitted
+        for lad in (a, b):
+            fill_not_emitted(lad, cfg)
+        check_registry([(labels[0], a), (labels[1], b)], cfg)
+    cmp = compare_ladders(a, b, rules, prefix="port", a_label=labels[0], b_label=labels[1])
+    cli._print_table(cmp, args, out)
+    out("")
+    out(str(cmp))
+    if not cmp.passed:
+        if args.locate and cfg is not None:
+            from .dump_locate import locate_dump
+            full_ref = b if specs[1] == "reference" else run_live(
+                "reference", args, ref_params, cfg, None, tokens, prompt, window)[0]
+            loc = locate_dump(cmp, a, full_ref, ref_params, cfg, window)
+            out("")
+            out(str(loc))
+        else:
+            out("divergence: add --locate (with the model's --params/--cact/--preset) to split "
+                "the layer's own error from what it inherited")
+    if args.report:
+        from .report import write_report
+        paths = write_report(cmp, args.report, None, {"a": labels[0], "b": labels[1]},
+                             stem=args.stem, plot_backend="svg")
+        for ext, p in paths.items():
+            out(f"wrote {p} ({os.path.getsize(p)} bytes)")
+    return 0 if cmp.passed else 1
+
+
+def check_registry(sides, cfg) -> None:
+    """Each side's names and shapes against the registry (points it lacks are reported by the
+    comparison, as not traced or not compared)."""
+    from .names import TraceError
+    from .points import expected
+    shapes = dict(expected(cfg))
+    for label, lad in sides:
+        for key, v in lad.values.items():
+            point = key.split("/", 1)[1]
+            if point not in shapes:
+                raise TraceError(f"{label}: {key} is not a point of the registry "
+                                 f"(ladder/points.py)")
+            if tuple(v.shape[1:]) != shapes[point]:
+                raise TraceError(f"{label}: {key} has shape {list(v.shape[1:])} per position, "
+                                 f"the registry says {list(shapes[point])}")
+
+
+def cmd_dump(args, out=print) -> int:
+    from . import cli
+    from .progress import bar
+    params, cfg, src, cactfile = cli.load_model(args)
+    file = args.cact or args.params
+    tokens, prompt = cli._schedule(args, cfg)
+    window = cfg.kv_window if args.window is None else args.window
+    with bar(len(tokens), f"dump {args.side}") as pb:
+        lad, ref_params, label = run_live(args.side, args, params, cfg, cactfile, tokens,
+                                          prompt, window, pb)
+    if args.last_only:
+        lad = lad.last_only()
+    from .fixtures import params_sha256
+    producer = {"name": "needle-parity " + ("reference" if args.side == "reference" else
+                                            "port" if args.side == "port" else "port.V2Model"),
+                "version": _version(), "backend": "" if args.side == "reference" else
+                (args.port if args.side == "port" else args.side),
+                "device": "cpu" if args.side in ("reference", "port") else args.device,
+                "dtype": "float32"}
+    weights = {"source": src["source"], "file": os.path.basename(file) if file else
+               src.get("preset", ""), "sha256": file_sha256(file) if file else None,
+               "params_sha256": params_sha256(ref_params)}
+    path = lad.save(args.out, producer=producer, geometry=_geometry(cfg), kv_window=window,
+                    weights=weights, prompt_len=prompt)
+    out(f"dump: {label} over {len(tokens)} positions ({lad.captured} positions of each step), "
+        f"{len(lad)} values, {len(lad.hidden)} not emitted")
+    out(f"wrote {path} ({os.path.getsize(path)} bytes)")
+    return 0
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("needle-parity")
+    except Exception:                     # an uninstalled checkout
+        return "0+checkout"
+
+
+def cmd_regen_needle_rs(args, out=print) -> int:
+    """`regen --format needle-rs`: greedy decode on the reference, written as needle-rs's
+    fixture (its test reads it unchanged)."""
+    from . import cli, needle_rs
+    from .progress import bar
+    params, cfg, src, cactfile = cli.load_model(args)
+    tok = getattr(cactfile, "tokenizer", None)
+    if args.prompt is not None:
+        if tok is None:
+            raise _err("regen --prompt: the model carries no tokenizer (give --cact with one, "
+                       "or drop --prompt for seeded token ids)")
+        prompt_ids = [tok.bos_id] + tok.encode(args.prompt)
+    else:
+        prompt_ids = cli._schedule(args, cfg)[0][:args.prompt_len]
+    if len(prompt_ids) + args.steps > cfg.max_seq_len:
+        raise _err(f"regen: prompt of {len(prompt_ids)} tokens + --steps {args.steps} exceeds "
+                   f"max_seq_len={cfg.max_seq_len}")
+    bad = [t for t in prompt_ids if not 0 <= t < cfg.vocab_size]
+    if bad:
+        raise _err(f"regen --prompt: token id {bad[0]} outside the model's vocab_size "
+                   f"{cfg.vocab_size}")
+    with bar(len(prompt_ids) + args.steps, "reference f64") as pb:
+        lad, gen = needle_rs.build(params, cfg, prompt_ids, args.steps, window=args.window,
+                                   eos_id=tok.eos_id if tok is not None else None, progress=pb)
+    source = os.path.basename(args.cact or args.params or f"preset:{args.preset}")
+    kw = dict(cfg=cfg, kv_window=cfg.kv_window if args.window is None else args.window,
+              source=source, prompt=args.prompt or "", generated_ids=gen,
+              generated_text=tok.decode(gen) if tok is not None else "",
+              max_len=min(cfg.max_seq_len, len(prompt_ids) + args.steps + 1))
+    if args.check:
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            new = needle_rs.write(os.path.join(tmp, "fx"), lad, **kw)
+            diff = [ext for n, ext in zip(new, (".json", ".f32"))
+                    if not _same(n, args.out + ext)]
+        out(f"{args.out}.json/.f32: " + ("byte-identical to a fresh regeneration" if not diff
+                                        else f"{', '.join(diff)} DIFFER from a fresh "
+                                             f"regeneration"))
+        return 1 if diff else 0
+    for p in needle_rs.write(args.out, lad, **kw):
+        out(f"wrote {p} ({os.path.getsize(p)} bytes)")
+    out(f"needle-rs fixture: prompt {len(prompt_ids)} tokens, {len(gen)} greedy decode steps, "
+        f"generated {gen[:8]}{'...' if len(gen) > 8 else ''}")
+    return 0
+
+
+def _same(a, b) -> bool:
+    if not os.path.isfile(b):
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        return fa.read() == fb.read()
+
+
+def run_protocol_port(args, out, cmd: str) -> int:
+    """`run|locate|report --port M:F`: the port beside the reference (or --fixture) through
+    `compare`, locating by re-running the reference's layer from the port's inputs."""
+    for flag in ("plant", "list_faults"):
+        if getattr(args, flag, None):
+            raise _err(f"--{flag.replace('_', '-')} plants faults in our backends; it does not "
+                       f"apply to --port {args.port}")
+    args.a, args.b, args.map = "port", args.fixture or "reference", None
+    args.locate = cmd in ("locate", "report")
+    args.report = args.out if cmd == "report" else None
+    if cmd != "report":
+        args.stem = "compare"
+    return cmd_compare(args, out)

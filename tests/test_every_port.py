@@ -1,0 +1,341 @@
+"""Every port, not only ours: trace archives, needle-rs's fixture both ways, name maps,
+`ladder compare`, the in-process port protocol, and local vs propagated from a dump alone."""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ladder import archive, needle_rs
+from ladder.archive import ArchiveError
+from ladder.capture import capture_port, capture_reference
+from ladder.cli import main
+from ladder.compare import compare_ladders
+from ladder.dump_locate import locate_dump
+from ladder.geometry import geometry_of
+from ladder.namemap import NameMapError, from_dict, load_map
+from ladder.rules import DEFAULT_RULES, NEEDLE_RS_RULES, rule_for
+from ladder.trace import Ladder
+from ladder_common import clean_port_ladder, reference_ladder, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CACT = os.path.join(HERE, "fixtures", "cact_w4.cact")
+TOY = "ports.toy_port"
+
+
+@pytest.fixture(autouse=True)
+def _ports_importable(monkeypatch):
+    monkeypatch.syspath_prepend(HERE)
+
+
+def _save(lad, path, cfg, window=None):
+    return lad.save(path, producer={"name": "test", "backend": "torch"},
+                    geometry=geometry_of(cfg), kv_window=cfg.kv_window if window is None
+                    else window, weights={"source": "init"}, prompt_len=len(lad.steps[0].tokens))
+
+
+def _rows(cmp):
+    return [(r.key, r.passed, r.error, r.max_abs) for r in cmp.rows]
+
+
+# ---------------------------------------------------------------- trace archives
+def test_archive_round_trips_bit_for_bit(tmp_path):
+    cfg = setup()[0]
+    lad = clean_port_ladder()
+    back = Ladder.load(_save(lad, tmp_path / "a.safetensors", cfg))
+    assert back.keys() == lad.keys() and back.steps == lad.steps
+    assert all(torch.equal(back[k], lad[k]) for k in lad.keys())
+    m = back.meta
+    assert m["format"] == "needle-parity-trace" and m["schema_version"] == 1
+    assert m["geometry"]["num_layers"] == cfg.num_layers and m["captured"] == "all"
+    logits = lad[f"{lad.steps[-1].name}/logits"][-1]
+    assert m["argmax"][lad.steps[-1].name] == int(torch.argmax(logits))
+
+
+@pytest.mark.parametrize("side", ["torch", "native"])
+def test_dump_then_compare_equals_run_point_for_point(tmp_path, side, capsys):
+    """`dump` -> `compare` gives run's comparison: same rows, errors and verdicts."""
+    cfg, params, _, tokens, prompt = setup()
+    out = tmp_path / f"{side}.safetensors"
+    assert main(["dump", side, "--out", str(out)]) == 0
+    dumped = Ladder.load(out)
+    from port.model import V2Model
+    model = V2Model.from_params(params, cfg, backend=side)
+    live = capture_port(model, tokens, prompt)
+    ref = reference_ladder()
+    assert _rows(compare_ladders(dumped, ref, DEFAULT_RULES)) == \
+        _rows(compare_ladders(live, ref, DEFAULT_RULES))
+    capsys.readouterr()
+    assert main(["compare", str(out), "reference"]) == 0
+    assert "0 failing (PASS)" in capsys.readouterr().out
+
+
+def test_dump_then_compare_triton_under_the_interpreter(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out = tmp_path / "t.safetensors"
+    flags = ["--prompt-len", "2", "--steps", "1"]
+    assert main(["dump", "triton", "--out", str(out), *flags]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(out), "reference"]) == 0
+    text = capsys.readouterr().out
+    assert "0 failing (PASS)" in text and "hidden by fusion" in text
+
+
+def _archive_bytes(tmp_path, mutate):
+    """A real archive with its manifest edited by `mutate`, re-framed as safetensors."""
+    from safetensors.torch import save_file
+    cfg = setup()[0]
+    p = _save(clean_port_ladder(), tmp_path / "a.safetensors", cfg)
+    from reference.params import load_safetensors
+    tensors, meta = load_safetensors(p)
+    m = json.loads(meta[archive.META_KEY])
+    mutate(m, tensors)
+    bad = tmp_path / "bad.safetensors"
+    save_file(tensors, str(bad), metadata={archive.META_KEY: json.dumps(m)})
+    return bad
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda m, t: m.update(format="other"), "field format"),
+    (lambda m, t: m.update(schema_version=2), "schema_version=2"),
+    (lambda m, t: m.update(captured="some"), "field captured"),
+    (lambda m, t: m["schedule"]["steps"][1].update(pos=99), "field pos=99"),
+    (lambda m, t: m["schedule"]["steps"][0].update(len=10 ** 9), "field len="),
+    (lambda m, t: m["schedule"].update(tokens=[-1]), "schedule.tokens"),
+    (lambda m, t: m.update(points=m["points"][1:]), "is not '{step}/{point}'"),
+    (lambda m, t: t.update({"prefill/embed": t["prefill/embed"][:1]}), "leading axis"),
+    (lambda m, t: m.pop("geometry"), "lacks field 'geometry'"),
+])
+def test_hostile_archive_is_refused_naming_the_field(tmp_path, mutate, needle):
+    with pytest.raises(ArchiveError, match=None) as e:
+        Ladder.load(_archive_bytes(tmp_path, mutate))
+    assert needle in str(e.value)
+
+
+def test_archive_reader_uses_the_hostile_input_layer(tmp_path):
+    p = tmp_path / "x.safetensors"
+    p.write_bytes(struct.pack("<Q", 10 ** 12) + b"{}")
+    with pytest.raises(ArchiveError, match="header length"):
+        Ladder.load(p)
+    with pytest.raises(ArchiveError, match="directory"):
+        Ladder.load(tmp_path)
+
+
+# ---------------------------------------------------------------- needle-rs, both ways
+def _read_as_rust(stem):
+    """needle-rs's test's reading: floats from bytes, offsets in floats, shape product max 1."""
+    m = json.loads(open(stem + ".json").read())
+    raw = open(stem + ".f32", "rb").read()
+    floats = struct.unpack(f"<{len(raw) // 4}f", raw)
+
+    def get(key):
+        e = m["blob_index"].get(key)
+        if e is None:
+            return None
+        n = 1
+        for d in e["shape"]:
+            n *= d
+        return torch.tensor(floats[e["offset"]:e["offset"] + max(n, 1)])
+    return m, get
+
+
+@pytest.mark.parametrize("preset,steps", [("tiny", 4), ("shipped", 2)])
+def test_needle_rs_fixture_passes_a_reader_that_does_what_the_rust_test_does(tmp_path, preset,
+                                                                            steps):
+    from port.model import V2Model
+    from reference.config import V2Config
+    from reference.params import init_params
+    stem = str(tmp_path / "v2")
+    flags = ["--preset", preset, "--prompt-len", "3", "--steps", str(steps)]
+    assert main(["regen", "--format", "needle-rs", "--out", stem, *flags]) == 0
+    m, get = _read_as_rust(stem)
+    cfg = V2Config.preset(preset)
+    g = m["geometry"]
+    assert (g["d_model"], g["num_layers"], g["head_dim"], m["kv_window"]) == \
+        (cfg.d_model, cfg.num_layers, cfg.head_dim, cfg.kv_window)
+    assert [s["name"] for s in m["steps"]] == ["prefill"] + [f"decode{i}" for i in range(steps)]
+    model = V2Model.from_params(init_params(cfg, 0, perturbed=True), cfg)
+    state, checked = model.make_state(), 0
+    for s in m["steps"]:
+        *prefix, last = s["tokens"]
+        for t in prefix:
+            model.step(t, state)
+        seen = {}
+
+        def trace(name, layer, v):
+            seen[name if layer is None else f"L{layer:02d}.{name}"] = v.reshape(-1).clone()
+        logits = model.step_traced(last, state, None, trace)
+        for key, mine in seen.items():
+            want = get(f"{s['name']}/{key}")
+            if want is None:
+                continue
+            assert mine.shape == want.shape, key
+            assert rule_for(f"needle_rs/{key.split('.')[-1] if '.' in key else key}",
+                            NEEDLE_RS_RULES).check(mine, want), key
+            checked += 1
+        assert int(torch.argmax(logits)) == s["argmax"], s["name"]
+    per_step = 3 + 8 * cfg.num_layers - (cfg.num_layers - cfg.num_sites) + 3
+    assert checked == per_step * len(m["steps"])
+    assert m["generated_ids"] == [s["tokens"][0] for s in m["steps"][1:]]
+    # and read back: the same ladder, last positions, our names
+    back = needle_rs.read(stem)
+    ref = capture_reference({k: v.double() for k, v in init_params(cfg, 0, perturbed=True)
+                             .items()}, cfg, back.tokens, 3).last_only()
+    for key, v in back.values.items():
+        assert torch.equal(v, ref[key].float()), key
+
+
+def test_needle_rs_from_a_cact_carries_prompt_and_generated_text(tmp_path):
+    stem = str(tmp_path / "v2")
+    assert main(["regen", "--format", "needle-rs", "--cact", CACT, "--prompt", "hello world",
+                 "--steps", "3", "--out", stem]) == 0
+    m = json.load(open(stem + ".json"))
+    from reference.cact import read_cact
+    tok = read_cact(CACT).tokenizer
+    assert m["prompt_ids"] == [tok.bos_id] + tok.encode("hello world")
+    assert m["generated_text"] == tok.decode(m["generated_ids"]) and m["prompt"] == "hello world"
+    assert m["source"] == "cact_w4.cact"
+    assert main(["regen", "--format", "needle-rs", "--cact", CACT, "--prompt", "hello world",
+                 "--steps", "3", "--out", stem, "--check"]) == 0
+
+
+def test_needle_rs_fixture_is_either_side(tmp_path, capsys):
+    stem = str(tmp_path / "v2")
+    assert main(["regen", "--format", "needle-rs", "--out", stem, "--steps", "3"]) == 0
+    capsys.readouterr()
+    assert main(["compare", stem, "reference", "--steps", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "0 failing (PASS)" in text and "needle-rs records the coarse ladder only" in text
+    assert main(["compare", "torch", stem]) == 0
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda m: m["blob_index"]["prefill/embed"].update(offset=10 ** 9), "offset="),
+    (lambda m: m["blob_index"]["prefill/embed"].update(shape=[2000, 4]), "runs past"),
+    (lambda m: m["steps"][1].update(name="decode7"), "expected the decode step 0"),
+    (lambda m: m["steps"][0]["blobs"].update(weird="prefill/embed"), "does not cover"),
+    (lambda m: m["geometry"].update(num_layers="6"), "geometry.num_layers"),
+])
+def test_hostile_needle_rs_fixture_is_refused(tmp_path, edit, needle):
+    stem = str(tmp_path / "v2")
+    assert main(["regen", "--format", "needle-rs", "--out", stem, "--steps", "2"]) == 0
+    m = json.load(open(stem + ".json"))
+    edit(m)
+    json.dump(m, open(stem + ".json", "w"))
+    with pytest.raises(ValueError) as e:
+        needle_rs.read(stem)
+    assert needle in str(e.value)
+
+
+# ---------------------------------------------------------------- name maps
+def test_upstream_capture_compares_through_its_map(capsys):
+    up = os.path.join(HERE, "fixtures", "upstream_v2.safetensors")
+    assert main(["compare", up, "reference", "--map", "upstream-jax", "--preset", "tiny",
+                 "--seed", "1234"]) == 0
+    text = capsys.readouterr().out
+    assert "0 failing (PASS)" in text
+    assert "the last layer has none" in text          # L05.x: not compared, with its reason
+
+
+def test_a_name_the_map_does_not_cover_is_an_error():
+    nm = load_map("needle-rs")
+    assert nm.point_of("L07.hres")[0] == "L07.hres"
+    with pytest.raises(NameMapError, match="'L07.zz'"):
+        nm.point_of("L07.zz")
+    with pytest.raises(NameMapError, match="unknown table"):
+        from_dict({"map": {"name": "x"}, "renames": {}})
+    assert nm.why_not_emitted("L03.q", 6) and nm.why_not_emitted("L03.y", 6) is None
+
+
+# ---------------------------------------------------------------- dumps located
+def _perturbed(lad, key, factor):
+    vals = dict(lad.values)
+    vals[key] = vals[key] * factor
+    return Ladder(lad.steps, vals, "perturbed", dict(lad.hidden), lad.captured, lad.meta)
+
+
+def test_a_dump_with_one_point_perturbed_is_blamed_there(tmp_path):
+    cfg, params = setup()[:2]
+    dump = Ladder.load(_save(_perturbed(clean_port_ladder(), "decode03/L02.u", 1.001),
+                             tmp_path / "p.safetensors", cfg))
+    cmp = compare_ladders(dump, reference_ladder(), DEFAULT_RULES)
+    assert cmp.first.key == "decode03/L02.u"
+    loc = locate_dump(cmp, dump, reference_ladder(), params, cfg, cfg.kv_window)
+    assert loc.position == dump.step("decode03").pos and "own error" in loc.verdict
+
+
+def test_a_layer_fed_bad_inputs_is_inherited_at_the_next_layer(capsys):
+    """The toy port's layer 2 is wrong: own at L02; L03 reproduces from its inputs."""
+    assert main(["locate", "--port", f"{TOY}:build_buggy"]) == 1
+    text = capsys.readouterr().out
+    assert "first divergence: prefill/L02.hpost" in text and "own error" in text
+    from ladder.ports import build_port, capture_protocol
+    cfg, params, _, tokens, prompt = setup()
+    lad = capture_protocol(build_port(f"{TOY}:build_buggy", params, cfg), cfg, tokens, prompt)
+    cmp = compare_ladders(lad, reference_ladder(), DEFAULT_RULES)
+    loc = locate_dump(cmp, lad, reference_ladder(), params, cfg, cfg.kv_window)
+    by = {r.point: r for r in loc.layers}
+    assert by["L02.x"].own and by["L02.x"].propagated > 1
+    assert by["L03.x"].propagated > 1 and not by["L03.x"].own        # inherited
+
+
+def test_a_dump_lacking_keys_says_what_the_split_could_not_use(tmp_path):
+    cfg, params = setup()[:2]
+    from ladder.ports import build_port, capture_protocol
+    _, _, _, tokens, prompt = setup()
+    lad = capture_protocol(build_port(f"{TOY}:build_buggy", params, cfg), cfg, tokens, prompt)
+    keep = {k: v for k, v in lad.values.items() if not k.endswith((".k", ".v"))}
+    dump = Ladder(lad.steps, keep, "no kv", {k: "not recorded" for k in lad.values
+                                             if k not in keep})
+    cmp = compare_ladders(dump, reference_ladder(), DEFAULT_RULES)
+    first = cmp.first
+    loc = locate_dump(cmp, dump, reference_ladder(), params, cfg, cfg.kv_window)
+    if first.first_bad_pos and first.first_bad_pos > 0:
+        assert "the dump lacks L02.k" in loc.verdict and "stood in" in loc.verdict
+    # at position 0 there is no history: decode03's window shows the gap
+    later = locate_dump(_only_from(cmp, "decode03"), dump, reference_ladder(), params, cfg,
+                        cfg.kv_window)
+    assert "the dump lacks L02.k at" in later.verdict and "record those points" in later.verdict
+
+
+def _only_from(cmp, step):
+    from dataclasses import replace
+    rows = [r if r.step == step else replace(r, passed=True) for r in cmp.rows]
+    return replace(cmp, rows=rows)
+
+
+# ---------------------------------------------------------------- ports and the engine
+def test_an_independent_port_passes_and_its_planted_bug_is_located(capsys):
+    assert main(["run", "--port", f"{TOY}:build"]) == 0
+    assert "0 failing (PASS)" in capsys.readouterr().out
+    assert main(["run", "--port", f"{TOY}:build_buggy"]) == 1
+    assert main(["run", "--port", "no_such_module:x"]) == 2
+    assert "cannot import" in capsys.readouterr().err
+
+
+def test_compare_refuses_mismatched_sides(tmp_path, capsys):
+    stem = str(tmp_path / "v2")
+    assert main(["regen", "--format", "needle-rs", "--out", stem, "--steps", "2"]) == 0
+    capsys.readouterr()
+    assert main(["compare", stem, "reference", "--preset", "shipped"]) == 2
+    assert "geometry field d_model is 48" in capsys.readouterr().err
+    other = str(tmp_path / "v2b")
+    assert main(["regen", "--format", "needle-rs", "--out", other, "--steps", "2",
+                 "--seed", "3"]) == 0
+    capsys.readouterr()
+    assert main(["compare", stem, other]) == 2
+    assert "tokens differ at position 0" in capsys.readouterr().err
+
+
+def test_the_comparison_engine_imports_no_model_package():
+    code = ("import sys, ladder.compare, ladder.rules, ladder.trace, ladder.table, "
+            "ladder.report, ladder.archive, ladder.locate, ladder.namemap, ladder.names, "
+            "ladder.geometry, ladder.plot; print(sorted(m for m in sys.modules if "
+            "m.split('.')[0] in ('reference', 'port', 'kernels')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=os.path.dirname(HERE), check=True).stdout
+    assert out.strip() == "[]"
