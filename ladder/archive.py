@@ -61,9 +61,11 @@ def _argmax(ladder: Ladder) -> dict:
 
 
 def manifest_for(ladder: Ladder, *, producer: dict, geometry: dict, kv_window: int,
-                 weights: dict, prompt_len: int, not_emitted: dict | None = None) -> dict:
-    """The manifest of `ladder` (the fields above); `not_emitted` adds to `ladder.hidden`."""
-    points = []
+                 weights: dict, prompt_len: int, not_emitted: dict | None = None,
+                 points: list | None = None) -> dict:
+    """The manifest of `ladder` (the fields above); `not_emitted` adds to `ladder.hidden`;
+    `points` names them for a writer that fills the values later (needle_trace)."""
+    points = list(points or [])
     for key in ladder.values:
         p = key.split("/", 1)[1]
         if p not in points:

@@ -434,7 +434,12 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("--fine", action="store_true")
             p.add_argument("--per-step", action="store_true")
         else:
-            p.add_argument("side", choices=["reference", "torch", "native", "triton", "port"])
+            p.add_argument("side", choices=["reference", "torch", "native", "triton", "port",
+                                            "native-exe"],
+                           help="native-exe: the C step as a standalone program "
+                                "(kernels/native/needle_trace.c) writes the archive itself")
+            p.add_argument("--plant", metavar="FAULT", default=None,
+                           help="native-exe: build the program with this C fault switch")
             p.add_argument("--out", required=True, help="the archive's path (.safetensors)")
             p.add_argument("--last-only", action="store_true",
                            help="keep each step's last position only")
@@ -494,7 +499,8 @@ def main(argv=None, out=print) -> int:
             refuse_other_options(args, sys.argv[1:] if argv is None else argv,
                                  parser().parse_args([args.cmd]))
         check_args(args)                    # every flag, before any work (ladder/args.py)
-        if getattr(args, "list_faults", False) or getattr(args, "plant", None):
+        if args.cmd != "dump" and (getattr(args, "list_faults", False)
+                                   or getattr(args, "plant", None)):
             return _with_fault(cmd, args, out)
         return cmd(args, out)
     except TraceError as e:

@@ -16,7 +16,7 @@ import torch
 
 from .trace import Ladder
 
-LIVE = ("reference", "torch", "native", "triton", "port")
+LIVE = ("reference", "torch", "native", "triton", "port", "native-exe")
 
 
 def _err(msg):
@@ -147,6 +147,15 @@ def run_live(spec, args, params, cfg, cactfile, tokens, prompt, window, progress
                        f"schedule's is {window}")
         return capture_protocol(port, cfg, tokens, prompt, check_plain=check,
                                 progress=progress, label=f"port {args.port}"), params, args.port
+    if spec == "native-exe":
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.safetensors")
+            run_native_exe(args, params, cfg, tokens, prompt, window, path)
+            lad = load_archive_file(path, args.max_memory)
+        if progress is not None:
+            progress.update(len(tokens))
+        return lad, params, "needle_trace (the C step as a program)"
     from .cli import build_port as build_ours
     from .runinfo import describe_port
     args.backend = spec
@@ -257,6 +266,15 @@ def cmd_dump(args, out=print) -> int:
     file = args.cact or args.params
     tokens, prompt = cli._schedule(args, cfg)
     window = cfg.kv_window if args.window is None else args.window
+    if args.plant and args.side != "native-exe":
+        raise _err(f"dump --plant {args.plant}: only for native-exe (`run --plant` plants a "
+                   f"fault in any backend)")
+    if args.side == "native-exe" and not args.last_only:   # the program writes it itself
+        run_native_exe(args, params, cfg, tokens, prompt, window, args.out)
+        out(f"dump: needle_trace (the C step as a program{', planted ' + args.plant if args.plant else ''}) "
+            f"over {len(tokens)} positions")
+        out(f"wrote {args.out} ({os.path.getsize(args.out)} bytes)")
+        return 0
     with bar(len(tokens), f"dump {args.side}") as pb:
         lad, ref_params, label = run_live(args.side, args, params, cfg, cactfile, tokens,
                                           prompt, window, pb)
@@ -354,3 +372,64 @@ def run_protocol_port(args, out, cmd: str) -> int:
     if cmd != "report":
         args.stem = "compare"
     return cmd_compare(args, out)
+
+
+def load_archive_file(path, budget):
+    from .archive import load
+    return load(path, budget)
+
+
+def run_native_exe(args, params, cfg, tokens, prompt, window, out_path) -> str:
+    """The C step as a standalone program: write its image (port/native_image.py), run
+    `needle_trace IMAGE OUT` (built with --plant's C switch, if any) in its own process."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        image = os.path.join(tmp, "image.safetensors")
+        exe = native_exe_image(args, params, cfg, tokens, prompt, window, image)
+        res = subprocess.run([exe, image, os.fspath(out_path)], capture_output=True, text=True,
+                             timeout=600)
+    if res.returncode != 0:
+        raise _err(f"needle_trace exited {res.returncode}: {res.stderr.strip()[-500:]}")
+    return out_path
+
+
+def native_exe_image(args, params, cfg, tokens, prompt, window, image_path) -> str:
+    """Write needle_trace's image for this run to `image_path`; the program's path."""
+    from kernels import native
+    from port.model import V2Model
+    from port.native_image import write_image
+    from .archive import manifest_for
+    from .fixtures import params_sha256
+    from .points import expected
+    from .trace import schedule
+    if (args.weights or "dense") != "dense" or args.cact:
+        raise _err("native-exe computes on dense float32 weights: give --params or --preset "
+                   "(not --cact / --weights cq)")
+    defines = ()
+    if getattr(args, "plant", None):
+        from .faults import FAULTS
+        fault = FAULTS.get(args.plant)
+        if fault is None or not fault.native.startswith("NEEDLE_FAULT_"):
+            raise _err(f"--plant {args.plant}: native-exe plants only the C step's switches "
+                       f"({', '.join(sorted(n for n, f in FAULTS.items() if f.native.startswith('NEEDLE_FAULT_')))})")
+        defines = (fault.native,)
+    model = V2Model.from_params(params, cfg)
+    if model.make_state().window != window:
+        raise _err(f"native-exe steps on make_state()'s window {model.make_state().window}; "
+                   f"the schedule's is {window}")
+    steps = schedule(tokens, prompt)
+    file = args.cact or args.params
+    manifest = manifest_for(
+        Ladder(steps), producer={"name": "needle_trace", "version": _version(),
+                                 "backend": "native C program", "device": "cpu",
+                                 "dtype": "float32"},
+        geometry=_geometry(cfg), kv_window=window,
+        weights={"source": "params" if file else "init", "file": os.path.basename(file or ""),
+                 "sha256": file_sha256(file) if file else None,
+                 "params_sha256": params_sha256(params)},
+        prompt_len=prompt, points=[n for n, _ in expected(cfg)])
+    exe = native.build(defines, program=True)
+    write_image(model, list(tokens), [(s.pos, len(s.tokens)) for s in steps], image_path,
+                manifest)
+    return exe

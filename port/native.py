@@ -23,6 +23,41 @@ _I64P = ctypes.POINTER(ctypes.c_int64)
 _U8P = ctypes.POINTER(ctypes.c_uint8)
 
 
+def model_scalars(model) -> dict:
+    """The NModel's numbers for a V2Model (the C step's view of its geometry)."""
+    cfg = model.cfg
+    return dict(L=cfg.num_layers, n=cfg.mhc_lanes, d=cfg.d_model, H=cfg.num_heads,
+                KV=cfg.num_kv_heads, hd=cfg.head_dim, hada=cfg.hada_n, max_seq=cfg.max_seq_len,
+                vocab=cfg.vocab_size, sinkhorn_iters=20, eps=1e-6,
+                attn_scale=1.0 / math.sqrt(cfg.head_dim),
+                walsh_scale=float(model.walsh[0, 0]), sites=len(model.engrams),
+                T=len(cfg.engram_orders) * cfg.engram_heads_eff, sub=cfg.engram_sub,
+                taps=cfg.engram_taps, dil=cfg.engram_dilation,
+                ering=(cfg.engram_taps - 1) * cfg.engram_dilation + 1)
+
+
+def model_arrays(model) -> dict:
+    """The NModel's per-model arrays by field name, as the C step reads them (per-layer parts
+    stacked [L, ...]); the four big matrices are None for the packed form (codes instead)."""
+    cfg, layers, mhc = model.cfg, model.layers, model.mhc
+    per_layer = lambda name: stacked([getattr(lw, name) for lw in layers])
+    dense = model.form != "packed"
+    big = lambda get: get() if dense else None
+    site_of = torch.tensor([-1 if cfg.site_of_layer(i) is None else cfg.site_of_layer(i)
+                            for i in range(cfg.num_layers)], dtype=torch.int64)
+    return dict(
+        emb=big(lambda: model.embedding.table),
+        qkvg=big(lambda: stacked([lw.qkvg.t() for lw in layers])),
+        out=big(lambda: stacked([lw.out.t() for lw in layers])),
+        router=big(lambda: mhc.router.transpose(1, 2)),
+        qn=per_layer("q_norm"), kn=per_layer("k_norm"), pre=per_layer("pre_norm"),
+        post=per_layer("post_norm"), pre_hada=per_layer("pre_hada_norm"),
+        attn_gate=per_layer("attn_gate"), d1=per_layer("d1"), d2=per_layer("d2"),
+        d3=per_layer("d3"), pre_bias=mhc.pre_bias, post_bias=mhc.post_bias, a_pre=mhc.a_pre,
+        a_post=mhc.a_post, a_res=mhc.a_res, b_res=mhc.b_res, cos_t=model.cos,
+        sin_t=model.sin, final_scale=model.final_norm, site_of_layer=site_of)
+
+
 class NativeModel:
     """A V2Model's parts as the C step's NModel: the dense float32 matrices, or for the
     "packed" form (port/parts.py) the Cactus-Quants codes as stored. Per-layer parts are
@@ -42,37 +77,18 @@ class NativeModel:
             keep.append(t)
             return ptr(t, kind)
 
-        L, layers, mhc, sites = cfg.num_layers, model.layers, model.mhc, model.engrams
-        per_layer = lambda name: p(stacked([getattr(lw, name) for lw in layers]))
+        sites = model.engrams
         self.T = len(cfg.engram_orders) * cfg.engram_heads_eff
         self.orders = [o for o in cfg.engram_orders for _ in range(cfg.engram_heads_eff)]
-        site_of = torch.tensor([-1 if cfg.site_of_layer(i) is None else cfg.site_of_layer(i)
-                                for i in range(L)], dtype=torch.int64)
         arr = lambda ts: (native._P * max(1, len(ts)))(*[p(t) for t in ts])
         dense = not self.packed
-        big = lambda get: p(get()) if dense else None    # packed: the codes instead
         self._arrays = [arr([s.tables for s in sites] if dense else []),
                         arr([s.kv.t() for s in sites] if dense else []),
                         arr([s.taps for s in sites])]
-        self.m = NModel(
-            L=L, n=cfg.mhc_lanes, d=cfg.d_model, H=cfg.num_heads, KV=cfg.num_kv_heads,
-            hd=cfg.head_dim, hada=cfg.hada_n, max_seq=cfg.max_seq_len, vocab=cfg.vocab_size,
-            sinkhorn_iters=20, eps=1e-6, attn_scale=1.0 / math.sqrt(cfg.head_dim),
-            walsh_scale=float(model.walsh[0, 0]),
-            emb=big(lambda: model.embedding.table),
-            qkvg=big(lambda: stacked([lw.qkvg.t() for lw in layers])),
-            out=big(lambda: stacked([lw.out.t() for lw in layers])),
-            router=big(lambda: mhc.router.transpose(1, 2)),
-            qn=per_layer("q_norm"), kn=per_layer("k_norm"), pre=per_layer("pre_norm"),
-            post=per_layer("post_norm"), pre_hada=per_layer("pre_hada_norm"),
-            attn_gate=per_layer("attn_gate"), d1=per_layer("d1"), d2=per_layer("d2"),
-            d3=per_layer("d3"), pre_bias=p(mhc.pre_bias), post_bias=p(mhc.post_bias),
-            a_pre=p(mhc.a_pre), a_post=p(mhc.a_post), a_res=p(mhc.a_res), b_res=p(mhc.b_res),
-            cos_t=p(model.cos), sin_t=p(model.sin), final_scale=p(model.final_norm),
-            site_of_layer=p(site_of, _I64P),
-            sites=len(sites), T=self.T, sub=cfg.engram_sub, taps=cfg.engram_taps,
-            dil=cfg.engram_dilation, ering=(cfg.engram_taps - 1) * cfg.engram_dilation + 1,
-            tables=self._arrays[0], eng_kv=self._arrays[1], eng_taps=self._arrays[2])
+        mats = {k: None if v is None else p(v, _I64P if k == "site_of_layer" else native._P)
+                for k, v in model_arrays(model).items()}
+        self.m = NModel(**model_scalars(model), **mats, tables=self._arrays[0],
+                        eng_kv=self._arrays[1], eng_taps=self._arrays[2])
         self._keep = keep
         if self.packed:
             self._bind_packed(cfg, model)
@@ -153,23 +169,33 @@ class NativeBuffers:
         self.valid = (ctypes.c_uint8 * m)()
 
 
+def host_row(cfg, orders, tokens, valid, p: int) -> tuple:
+    """The host's part of position p: (flat table rows [T], their presence [T], tap presence
+    [taps]) from the token ids and validity bits so far (the C step reads these)."""
+    from .model import ngram_rows
+    S, dil = cfg.engram_slots, cfg.engram_dilation
+    if not (orders and cfg.num_sites):
+        return [], [], []
+    flat = [t * S + row for t, row in enumerate(ngram_rows(cfg, tokens, p))]
+    ok = [1.0 if p - (o - 1) >= 0 and valid[p - (o - 1)] else 0.0 for o in orders]
+    taps = [bool(p - j * dil >= 0 and valid[p - j * dil]) for j in range(cfg.engram_taps)]
+    return flat, ok, taps
+
+
 def _host_rows(nm: NativeModel, b: "NativeBuffers", state, pos0: int, m: int):
     """The host's part of positions pos0..pos0+m-1 (tokens already in state.tokens/valid):
     token ids, the Engram n-gram table rows and their presence, tap and key presence."""
-    from .model import ngram_rows
-    cfg = nm.cfg
-    S, valid, dil = cfg.engram_slots, state.valid, cfg.engram_dilation
+    cfg, valid = nm.cfg, state.valid
     for r in range(m):
         p = pos0 + r
         b.tok[r] = state.tokens[p]
         b.valid[r] = valid[p]
-        if nm.T and cfg.num_sites:
-            for t, row in enumerate(ngram_rows(cfg, state.tokens, p)):
-                b.flat[r * nm.T + t] = t * S + row
-                o = nm.orders[t]
-                b.ok[r * nm.T + t] = 1.0 if p - (o - 1) >= 0 and valid[p - (o - 1)] else 0.0
-            for j in range(cfg.engram_taps):
-                b.tap_ok[r * cfg.engram_taps + j] = p - j * dil >= 0 and valid[p - j * dil]
+        flat, ok, taps = host_row(cfg, nm.orders, state.tokens, valid, p)
+        for t, (row, present) in enumerate(zip(flat, ok)):
+            b.flat[r * nm.T + t] = row
+            b.ok[r * nm.T + t] = present
+        for j, present in enumerate(taps):
+            b.tap_ok[r * cfg.engram_taps + j] = present
 
 
 def _capture_buffers(nm: NativeModel):

@@ -29,6 +29,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, f) for f in ("needle_step.c", "dots.c", "cq_packed.c")]
 HEADERS = [os.path.join(HERE, f) for f in ("native.h", "captures.h", "faults.h")]
+PROGRAM = os.path.join(HERE, "needle_trace.c")      # the standalone executable's main
 # $NEEDLE_NATIVE_MARCH overrides -march (e.g. x86-64: no AVX, the scalar paths), which is
 # how tests/test_native.py checks that the vector width changes no bit.
 MARCH = os.environ.get("NEEDLE_NATIVE_MARCH", "native")
@@ -113,13 +114,17 @@ def _cpu_id() -> str:
     return platform.machine() + "".join(lines)
 
 
-def build(defines: tuple = ()) -> str:
+def build(defines: tuple = (), program: bool = False) -> str:
     """Path of the shared library, compiling it when no matching build is cached. `defines`:
-    compile-time fault switches (NEEDLE_FAULT_...), each set built and cached on its own."""
+    compile-time fault switches (NEEDLE_FAULT_...), each set built and cached on its own.
+    `program`: the standalone executable `needle_trace` instead (needle_trace.c's main over
+    the same step; no Python in its process)."""
     for d in defines:
         if not re.fullmatch(r"NEEDLE_FAULT_[A-Z0-9_]+", d):
             raise ValueError(f"{d!r} is not a fault switch (NEEDLE_FAULT_[A-Z0-9_]+)")
-    flags = FLAGS + [f"-D{d}" for d in sorted(defines)]
+    base = [f for f in FLAGS if f not in ("-fPIC", "-shared")] if program else FLAGS
+    flags = base + [f"-D{d}" for d in sorted(defines)]
+    sources = SOURCES + [PROGRAM] if program else SOURCES
     cc = _compiler()
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True,
@@ -127,7 +132,7 @@ def build(defines: tuple = ()) -> str:
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeUnavailable(f"C compiler {cc!r} does not run: {e}") from e
     src = b""
-    for path in SOURCES + HEADERS:
+    for path in sources + HEADERS:
         try:
             with open(path, "rb") as f:
                 src += f.read()
@@ -140,17 +145,19 @@ def build(defines: tuple = ()) -> str:
     key = hashlib.sha256(src + " ".join(flags).encode() + version.encode()
                          + _cpu_id().encode()).hexdigest()[:16]
     out_dir = _cache_dir()
-    path = os.path.join(out_dir, f"needle_step-{key}.so")
+    path = os.path.join(out_dir, f"needle_trace-{key}" if program else f"needle_step-{key}.so")
     if os.path.exists(path):
         return path
     os.makedirs(out_dir, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        res = subprocess.run([cc, *flags, "-o", tmp, *SOURCES, "-lm"], capture_output=True,
+        res = subprocess.run([cc, *flags, "-o", tmp, *sources, "-lm"], capture_output=True,
                              text=True, timeout=300)
         if res.returncode != 0:
-            raise NativeUnavailable(f"compiling {SOURCES} with {cc} failed:\n{res.stderr}")
+            raise NativeUnavailable(f"compiling {sources} with {cc} failed:\n{res.stderr}")
+        if program:
+            os.chmod(tmp, 0o755)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
