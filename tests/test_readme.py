@@ -63,7 +63,8 @@ def test_shell_commands_exist_and_their_flags_parse(tmp_path, monkeypatch):
     extras = re.findall(r"^(\w+) = \[", section, re.M)
     monkeypatch.chdir(tmp_path)            # nothing the checks touch lands in the checkout
     # ... but the commands run from the repository root, so its committed fixtures resolve
-    (tmp_path / "tests").symlink_to(os.path.join(ROOT, "tests"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    (tmp_path / os.path.basename(here)).symlink_to(here)
     bench, ref_help, seen = _bench(), None, set()
     for argv, redirected in _commands():
         for f in redirected:
