@@ -31,7 +31,9 @@ limit. The comparison engine needs only `Ladder`; nothing here knows the model.
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections.abc import Mapping
 
 import torch
 
@@ -177,14 +179,105 @@ def parse_manifest(text, where: str) -> dict:
     return m
 
 
-def load(path, max_memory: int | None = None) -> Ladder:
+class LazyValues(Mapping):
+    """An archive's values read from the file on access, one step at a time: the values of
+    the step last asked for are kept, the rest stay on disk, so a comparison that walks the
+    steps in order holds one step of each side (README "Bring your own port")."""
+
+    def __init__(self, f, where, infos: dict, data_start: int, order: list, last=False):
+        self._f, self._where, self._infos = f, where, infos
+        self._start, self._order, self._last = data_start, order, last
+        self._index = set(order)
+        self._spans = {}                     # step -> (first byte, end byte) of its tensors
+        for key in order:
+            step = key.split("/", 1)[0]
+            lo, hi = self._infos[key][2:]
+            a, b = self._spans.get(step, (lo, hi))
+            self._spans[step] = (min(a, lo), max(b, hi))
+        self._step, self._cache, self._buf, self._base = None, {}, None, 0
+
+    def _load_step(self, step):
+        """One read for the whole step when its tensors lie together (a writer that sorts
+        keys puts them so), else per tensor on demand."""
+        self._step, self._cache, self._buf = step, {}, None
+        lo, hi = self._spans[step]
+        own = sum(self._infos[k][3] - self._infos[k][2] for k in self._order
+                  if k.startswith(step + "/")) if hi - lo > 0 else 0
+        if 0 < hi - lo <= 2 * own:
+            self._buf, self._base = self._read(lo, hi, step), lo
+
+    def _read(self, lo, hi, what):
+        buf = torch.empty(hi - lo, dtype=torch.uint8)
+        self._f.seek(self._start + lo)
+        if hi > lo and self._f.readinto(buf.numpy()) != hi - lo:
+            raise ArchiveError(f"{self._where}: {what!r} is truncated at file offset "
+                               f"{self._start + lo} (the file shrank while being read)")
+        return buf
+
+    def __getitem__(self, key):
+        if key not in self._index:
+            raise KeyError(key)
+        step = key.split("/", 1)[0]
+        if step != self._step:
+            self._load_step(step)
+        t = self._cache.get(key)
+        if t is None:
+            dtype, shape, lo, hi = self._infos[key]
+            raw = self._buf[lo - self._base:hi - self._base] if self._buf is not None \
+                else self._read(lo, hi, key)
+            if (lo - self._base) % raw.new_empty((), dtype=dtype).element_size():
+                raw = raw.clone()                # unaligned for this dtype inside the step
+            t = raw.view(dtype).reshape(shape)
+            if dtype in (torch.float16, torch.bfloat16):
+                t = t.float()
+            if self._last:
+                t = t[-1:]
+            self._cache[key] = t
+        return t
+
+    def __iter__(self):
+        return iter(self._order)
+
+    def __len__(self):
+        return len(self._order)
+
+    def __contains__(self, key):
+        return key in self._index
+
+    def last_only(self) -> "LazyValues":
+        return LazyValues(self._f, self._where, self._infos, self._start, self._order, True)
+
+    def numel(self) -> int:
+        n = 0
+        for key in self._order:
+            shape = self._infos[key][1]
+            n += math.prod(([1] + list(shape[1:])) if self._last else shape)
+        return n
+
+
+def load(path, max_memory: int | None = None, lazy: bool = False) -> Ladder:
     """A trace archive as a Ladder (`.meta` holds the manifest). The file is framed and every
-    tensor's size checked against the memory budget before anything is allocated."""
-    from reference.params import ParamsError, load_safetensors
+    tensor's size checked against the memory budget before anything is allocated. `lazy`: the
+    values stay in the file and are read step by step as they are used (LazyValues)."""
+    from reference.memory_budget import DEFAULT_MAX_MEMORY
+    from reference.params import _ST_DTYPES, ParamsError, _read_header, load_safetensors
+    from reference.safe_io import open_regular
     where = os.fspath(path)
+    budget = DEFAULT_MAX_MEMORY if max_memory is None else max_memory
+    tensors, f = None, None
     try:
-        tensors, meta = load_safetensors(path, max_memory, error=ArchiveError)
-    except ParamsError as e:                     # pragma: no cover (error= converts it)
+        if lazy:
+            f, size = open_regular(path, budget, ArchiveError, "trace archive")
+            header, data_start = _read_header(f, size, where)
+            meta = dict(header.get("__metadata__", {}))
+            infos = {k: (_ST_DTYPES[v["dtype"]][0], list(v["shape"]), *v["data_offsets"])
+                     for k, v in header.items() if k != "__metadata__"}
+        else:
+            tensors, meta = load_safetensors(path, budget, error=ArchiveError)
+            infos = {k: (t.dtype, list(t.shape), 0, 0) for k, t in tensors.items()}
+    except ParamsError as e:
+        if f is not None:
+            f.close()
         raise ArchiveError(str(e)) from None
     if META_KEY not in meta:
         raise ArchiveError(f"{where}: safetensors metadata lacks {META_KEY!r}: not a "
@@ -193,26 +286,29 @@ def load(path, max_memory: int | None = None) -> Ladder:
     steps = m.pop("_steps")
     by_step = {s.name: s for s in steps}
     order = {p: i for i, p in enumerate(m["points"])}
-    values, upcast = {}, []
-    for key in tensors:
+    for key in infos:
         step, _, point = key.partition("/")
         if step not in by_step or point not in order:
             raise ArchiveError(f"{where}: tensor {key[:80]!r} is not '{{step}}/{{point}}' with a "
                                f"step of schedule.steps and a point of field points")
+    keys, upcast = [], []
     for st in steps:
         rows = 1 if m["captured"] == "last" else len(st.tokens)
         for point in m["points"]:
             key = f"{st.name}/{point}"
-            if key not in tensors:
+            if key not in infos:
                 continue
-            t = tensors[key]
-            if t.dtype not in _DTYPES or t.dim() < 1 or t.shape[0] != rows:
-                raise ArchiveError(f"{where}: tensor {key!r} is {t.dtype} {list(t.shape)}; needs "
-                                   f"a float dtype and a leading axis of {rows} position(s)")
-            if t.dtype in (torch.float16, torch.bfloat16):
+            dtype, shape = infos[key][:2]
+            if dtype not in _DTYPES or len(shape) < 1 or shape[0] != rows:
+                raise ArchiveError(f"{where}: tensor {key!r} is {dtype} {shape}; needs a float "
+                                   f"dtype and a leading axis of {rows} position(s)")
+            if dtype in (torch.float16, torch.bfloat16):
                 upcast.append(key)
-                t = t.float()
-            values[key] = t
+            keys.append(key)
+    if lazy:
+        values = LazyValues(f, where, infos, data_start, keys)
+    else:
+        values = {k: tensors[k].float() if k in upcast else tensors[k] for k in keys}
     hidden = {}
     for k, why in m["not_emitted"].items():
         if "/" in k:

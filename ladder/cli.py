@@ -229,7 +229,7 @@ def _other_model(args) -> bool:
 
 
 def cmd_run(args, out=print) -> int:
-    if getattr(args, "port", None):
+    if getattr(args, "port", None) or getattr(args, "dump", None):
         from .compare_cli import run_protocol_port
         return run_protocol_port(args, out, "run")
     if _other_model(args):
@@ -250,7 +250,7 @@ def cmd_run(args, out=print) -> int:
 
 
 def cmd_locate(args, out=print) -> int:
-    if getattr(args, "port", None):
+    if getattr(args, "port", None) or getattr(args, "dump", None):
         from .compare_cli import run_protocol_port
         return run_protocol_port(args, out, "locate")
     if _other_model(args):
@@ -270,7 +270,7 @@ def cmd_locate(args, out=print) -> int:
 
 
 def cmd_report(args, out=print) -> int:
-    if getattr(args, "port", None):
+    if getattr(args, "port", None) or getattr(args, "dump", None):
         from .compare_cli import run_protocol_port
         return run_protocol_port(args, out, "report")
     if _other_model(args):
@@ -381,6 +381,9 @@ def _model_args(p, regen=False):
     p.add_argument("--port", default=None, metavar="MODULE:FACTORY",
                    help="compare an in-process port of the protocol (ladder/ports.py) instead "
                         "of port.V2Model; locate re-runs the reference's layer from its inputs")
+    p.add_argument("--dump", default=None, metavar="FILE",
+                   help="the port side is this recording (a trace archive or a needle-rs "
+                        "fixture): run, locate and report judge it as `compare FILE` does")
 
 
 def _memory_arg(p):

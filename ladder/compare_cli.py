@@ -46,7 +46,7 @@ def load_side(spec: str, args) -> Ladder:
         from reference.params import read_safetensors_header
         header, _ = read_safetensors_header(spec, budget)
         if META_KEY in header.get("__metadata__", {}):
-            return load_archive(spec, budget)
+            return load_archive(spec, budget, lazy=True)     # streamed, step by step
         if args.map:
             from .foreign import read_mapped
             return read_mapped(spec, _map(args), budget)
@@ -222,6 +222,7 @@ def cmd_compare(args, out=print) -> int:
     cli._print_table(cmp, args, out)
     out("")
     out(str(cmp))
+    loc = None
     if not cmp.passed:
         if args.locate and cfg is not None:
             from .dump_locate import locate_dump
@@ -235,8 +236,9 @@ def cmd_compare(args, out=print) -> int:
                 "the layer's own error from what it inherited")
     if args.report:
         from .report import write_report
-        paths = write_report(cmp, args.report, None, {"a": labels[0], "b": labels[1]},
-                             stem=args.stem, plot_backend="svg")
+        paths = write_report(cmp, args.report, loc, {"candidate": labels[0],
+                                                     "yardstick": labels[1]},
+                             stem=args.stem, plot_backend=getattr(args, "plot", "svg"))
         for ext, p in paths.items():
             out(f"wrote {p} ({os.path.getsize(p)} bytes)")
     return 0 if cmp.passed else 1
@@ -360,13 +362,17 @@ def _same(a, b) -> bool:
 
 
 def run_protocol_port(args, out, cmd: str) -> int:
-    """`run|locate|report --port M:F`: the port beside the reference (or --fixture) through
-    `compare`, locating by re-running the reference's layer from the port's inputs."""
+    """`run|locate|report --port M:F` or `--dump FILE`: that port (or recording) beside the
+    reference (or --fixture) through `compare`, locating by re-running the reference's layer
+    from the port's own inputs."""
+    if args.port and args.dump:
+        raise _err(f"--port {args.port} and --dump {args.dump}: give one of them")
+    what = f"--port {args.port}" if args.port else f"--dump {args.dump}"
     for flag in ("plant", "list_faults"):
         if getattr(args, flag, None):
             raise _err(f"--{flag.replace('_', '-')} plants faults in our backends; it does not "
-                       f"apply to --port {args.port}")
-    args.a, args.b, args.map = "port", args.fixture or "reference", None
+                       f"apply to {what}")
+    args.a, args.b, args.map = args.dump or "port", args.fixture or "reference", None
     args.locate = cmd in ("locate", "report")
     args.report = args.out if cmd == "report" else None
     if cmd != "report":

@@ -81,7 +81,10 @@ class Ladder:
         """The same ladder holding only each step's last position (a view, no copy)."""
         if self.captured == "last":
             return self
-        vals = {k: v[-1:] for k, v in self.values.items()}
+        if hasattr(self.values, "last_only"):          # values read from a file, lazily
+            vals = self.values.last_only()
+        else:
+            vals = {k: v[-1:] for k, v in self.values.items()}
         return Ladder(self.steps, vals, self.label, dict(self.hidden), "last", self.meta)
 
     def save(self, path, **manifest) -> str:
@@ -90,10 +93,11 @@ class Ladder:
         return save(self, path, **manifest)
 
     @classmethod
-    def load(cls, path, max_memory=None) -> "Ladder":
-        """A trace archive read back (ladder/archive.py); its manifest is `ladder.manifest`."""
+    def load(cls, path, max_memory=None, lazy: bool = False) -> "Ladder":
+        """A trace archive read back (ladder/archive.py); its manifest is `ladder.meta`;
+        `lazy`: values read from the file step by step as they are used."""
         from .archive import load
-        return load(path, max_memory=max_memory)
+        return load(path, max_memory=max_memory, lazy=lazy)
 
     def keys(self) -> list:
         return list(self.values)
@@ -140,7 +144,8 @@ class Ladder:
         return len(self.values)
 
     def __repr__(self):
-        n = sum(v.numel() for v in self.values.values())
+        n = self.values.numel() if hasattr(self.values, "numel") else \
+            sum(v.numel() for v in self.values.values())
         hid = f", {len(self.hidden)} not compared" if self.hidden else ""
         hid += ", last position of each step" if self.captured == "last" else ""
         return (f"Ladder({self.label or 'unnamed'}: {len(self.steps)} steps, "

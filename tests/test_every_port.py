@@ -110,10 +110,29 @@ def _archive_bytes(tmp_path, mutate):
     (lambda m, t: t.update({"prefill/embed": t["prefill/embed"][:1]}), "leading axis"),
     (lambda m, t: m.pop("geometry"), "lacks field 'geometry'"),
 ])
-def test_hostile_archive_is_refused_naming_the_field(tmp_path, mutate, needle):
+@pytest.mark.parametrize("lazy", [False, True])
+def test_hostile_archive_is_refused_naming_the_field(tmp_path, mutate, needle, lazy):
     with pytest.raises(ArchiveError, match=None) as e:
-        Ladder.load(_archive_bytes(tmp_path, mutate))
+        Ladder.load(_archive_bytes(tmp_path, mutate), lazy=lazy)
     assert needle in str(e.value)
+
+
+def test_a_lazy_archive_reads_the_same_bits_one_step_at_a_time(tmp_path):
+    cfg = setup()[0]
+    lad = clean_port_ladder()
+    path = _save(lad, tmp_path / "a.safetensors", cfg)
+    lazy = Ladder.load(path, lazy=True)
+    assert lazy.keys() == lad.keys()
+    for st in lad.steps:
+        for p in lad.points(st.name):
+            assert torch.equal(lazy[f"{st.name}/{p}"], lad[f"{st.name}/{p}"])
+        held = {k.split("/")[0] for k in lazy.values._cache}
+        assert held == {st.name}                 # the other steps stay on disk
+    last = lazy.last_only()
+    assert torch.equal(last["decode03/L02.x"], lad["decode03/L02.x"][-1:])
+    ref = reference_ladder()
+    assert _rows(compare_ladders(lazy, ref, DEFAULT_RULES)) == \
+        _rows(compare_ladders(lad, ref, DEFAULT_RULES))
 
 
 def test_archive_reader_uses_the_hostile_input_layer(tmp_path):

@@ -44,6 +44,13 @@ def test_a_planted_c_fault_is_located_from_the_dump_alone(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "first divergence: prefill/L03.q" in text
     assert "the layer's own error" in text and "reference's L03 does not reproduce" in text
+    # locate and report take the dump too
+    assert main(["locate", "--dump", str(path)]) == 1
+    assert "first divergence: prefill/L03.q" in capsys.readouterr().out
+    assert main(["report", "--dump", str(path), "--out", str(tmp_path / "r"), "--stem", "x",
+                 "--plot", "svg"]) == 1
+    md = (tmp_path / "r" / "x.md").read_text()
+    assert "L03.q" in md and "own error" in md
 
 
 def _image(tmp_path):
