@@ -145,10 +145,12 @@ def _fixture_flag(args) -> None:
     if args.fixture:
         stem = fixtures.find_stem(args.fixture)
         if stem is None:
-            where = f"there or in {fixtures.REPO_FIXTURES}" if fixtures.REPO_FIXTURES else \
-                "there (this installed copy has no tests/fixtures/)"
-            _fail(f"--fixture {args.fixture}: no {os.path.basename(args.fixture)}.json + "
-                  f".safetensors {where}; fixtures live in the repository's tests/fixtures/: "
+            bare = fixtures.bare_stem(args.fixture)
+            name = os.path.basename(bare)
+            where = f", nor {name}.json + {name}.safetensors in {fixtures.REPO_FIXTURES}" \
+                if fixtures.REPO_FIXTURES else " (this installed copy has no tests/fixtures/)"
+            _fail(f"--fixture {args.fixture}: no {bare}.json + {bare}.safetensors{where}; "
+                  f"fixtures live in the repository's tests/fixtures/: "
                   f"give the path to one, or make one with `python -m ladder regen --out STEM`")
         args.fixture = stem
 

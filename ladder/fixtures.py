@@ -53,13 +53,19 @@ def default_stem():
     return os.path.join(REPO_FIXTURES, FIXTURE_NAME) if REPO_FIXTURES else None
 
 
-def find_stem(stem):
-    """A fixture stem as given (relative to the working directory), else the same name in the
-    checkout's tests/fixtures/; None when neither has both files."""
+def bare_stem(stem) -> str:
+    """The stem of a fixture named by its stem or by either of its files."""
     stem = os.fspath(stem)
     for ext in (".safetensors", ".json"):
         if stem.endswith(ext):
             stem = stem[:-len(ext)]
+    return stem
+
+
+def find_stem(stem):
+    """A fixture stem as given (relative to the working directory), else the same name in the
+    checkout's tests/fixtures/; None when neither has both files."""
+    stem = bare_stem(stem)
     tries = [stem] + ([os.path.join(REPO_FIXTURES, os.path.basename(stem))]
                       if REPO_FIXTURES else [])
     for cand in tries:
