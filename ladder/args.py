@@ -217,11 +217,12 @@ def check_model(args, cfg) -> None:
               f"exceeds the model's max_seq_len={cfg.max_seq_len}; lower --steps")
 
 
-def schedule_note(n: int, window: int) -> str:
-    """The run header's word on the ring: whether these positions make it wrap."""
+def schedule_note(n: int, ring: int, window: int) -> str:
+    """The run header's word on the port's KV ring (`ring` slots, attention `window`): whether
+    these positions make it wrap."""
     if not window:
         return ""
-    if n > window:
-        return f", the ring wraps at {window}"
-    return (f"; note: {n} positions fit in the window of {window}, so the ring never wraps "
-            f"(raise --steps to test wrapping)")
+    if n > ring:
+        return f", the ring ({ring} slots, window {window}) wraps at position {ring}"
+    return (f"; note: {n} positions fit in the ring of {ring} slots (window {window}), so the "
+            f"ring never wraps (raise --steps to test wrapping)")

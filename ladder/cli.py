@@ -165,7 +165,7 @@ def compare_run(args, out=print):
     out(f"model: {src['source']} {src.get('preset', src.get('file', ''))} d={cfg.d_model} "
         f"L={cfg.num_layers} H={cfg.num_heads}/{cfg.num_kv_heads} vocab={cfg.vocab_size} "
         f"Engram layers {list(cfg.engram_layers)} window={window}")
-    wraps = schedule_note(n, window)
+    wraps = schedule_note(n, run.ring, run.window)
     out(f"schedule: prompt {prompt} + {n - prompt} decode steps = {n} positions{wraps}")
     check = not args.no_check_plain
     with bar(2 * n, "capturing") as pb:

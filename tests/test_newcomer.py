@@ -27,3 +27,17 @@ def test_fixture_given_by_its_safetensors_file_names_the_right_files(tmp_path, c
         err = capsys.readouterr().err
         assert f"no {tmp_path / 'x'}.json + {tmp_path / 'x'}.safetensors" in err, err
         assert ".safetensors.json" not in err and ".json.json" not in err
+
+
+def test_header_names_the_true_ring_and_window(monkeypatch):
+    rc, text = run("run", "--prompt-len", "4", "--steps", "8", "--window", "5", "--no-check-plain")
+    assert rc == 0 and "the ring (8 slots, window 5) wraps at position 8" in text, text
+    rc, text = run("run", "--prompt-len", "4", "--steps", "2", "--window", "5", "--no-check-plain")
+    assert "6 positions fit in the ring of 8 slots (window 5), so the ring never wraps" in text
+    from port.model import V2Model
+    from port.state import V2State
+    monkeypatch.setattr(V2Model, "make_state",
+                        lambda self: V2State(self.cfg, ring=9, window=8, device=self.device))
+    rc, text = run("run", "--no-check-plain")
+    assert "make_state(): ring 9, window 8" in text
+    assert "the ring (9 slots, window 8) wraps at position 9" in text, text
