@@ -41,3 +41,21 @@ def test_header_names_the_true_ring_and_window(monkeypatch):
     rc, text = run("run", "--no-check-plain")
     assert "make_state(): ring 9, window 8" in text
     assert "the ring (9 slots, window 8) wraps at position 9" in text, text
+
+
+def test_bfloat16_and_float16_values_are_compared_as_float32_and_said_so():
+    import torch
+    from ladder.compare import compare_ladders
+    from ladder.trace import Ladder
+    from ladder_common import reference_ladder
+    ref = reference_ladder()
+    for dt in (torch.bfloat16, torch.float16):
+        low = Ladder(ref.steps, {k: v.to(dt) for k, v in ref.values.items()}, "port " + str(dt))
+        exact = Ladder(ref.steps, {k: v.to(dt).float() for k, v in ref.values.items()}, "ref")
+        cmp = compare_ladders(low, exact)          # a TypeError from numpy without the upcast
+        assert cmp.passed and all(r.max_abs == 0 for r in cmp.rows)
+        note = f"compared as float32 (a is {str(dt)[6:]}; ulp in float32 units)"
+        assert all(note in r.note for r in cmp.rows), cmp.rows[0].note
+        assert note in str(cmp.rows[0])
+        # still judged: rounding to 16 bits is far outside the port's float32 allowance
+        assert not compare_ladders(low, ref).passed
