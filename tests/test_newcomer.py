@@ -59,3 +59,18 @@ def test_bfloat16_and_float16_values_are_compared_as_float32_and_said_so():
         assert note in str(cmp.rows[0])
         # still judged: rounding to 16 bits is far outside the port's float32 allowance
         assert not compare_ladders(low, ref).passed
+
+
+def test_coarse_table_shows_failing_fine_points_and_counts_what_it_hides():
+    rc, text = run("run", "--plant", "rope_pos_plus_1", "--no-check-plain")
+    assert rc == 1
+    rows = [ln.split() for ln in text.splitlines() if ln.startswith(("L0", "embed", "logits"))]
+    assert {r[0] for r in rows if r[-2] == "FAIL"} == {"L03.q", "L03.k"}, text
+    assert "(coarse ladder + 2 failing points off it; 76 of 130 points not shown, all " \
+           "passing" in text
+    rc, text = run("run", "--plant", "rope_pos_plus_1", "--no-check-plain", "--per-step")
+    assert sum(ln.split()[-1] == "FAIL" for ln in text.splitlines() if ln.startswith("L03.")) \
+        == 26                       # every failing (step, point) row, though none is coarse
+    assert "988 of 1690 rows not shown, all passing" in text
+    rc, text = run("run", "--no-check-plain")
+    assert rc == 0 and "(coarse ladder; 78 of 130 points not shown, all passing" in text
