@@ -181,6 +181,20 @@ def _regen_flags(args) -> None:
                   f"nothing to compare (drop --check to write it)")
     else:
         writable_dir("--out", os.path.dirname(os.path.abspath(args.out)), shown=args.out)
+        committed = fixtures.default_stem()
+        if committed and os.path.abspath(args.out) == committed and not args.force:
+            from .cli import DEFAULT_PROMPT, DEFAULT_STEPS
+            other = [f"{flag} {v}" for flag, v, default in (
+                ("--preset", args.preset, "tiny"), ("--params", args.params, None),
+                ("--cact", args.cact, None), ("--seed", args.seed, 0),
+                ("--prompt-len", args.prompt_len, DEFAULT_PROMPT),
+                ("--steps", args.steps, DEFAULT_STEPS), ("--window", args.window, None))
+                if v != default]
+            if other:
+                _fail(f"regen {' '.join(other)}: would overwrite the committed fixture "
+                      f"{committed}.json + .safetensors, made from the default inputs, with "
+                      f"other ones; give --out STEM for a new fixture, or --force to "
+                      f"overwrite it")
 
 
 def check(args) -> None:

@@ -294,23 +294,14 @@ def cmd_regen(args, out=print) -> int:
         f"{size / 1e6:.2f} MB of values")
     if args.check:
         with tempfile.TemporaryDirectory() as tmp:
-            new = fixtures.write(os.path.join(tmp, "fx"), tensors, manifest)
-            same = all(_same_bytes(n, f"{args.out}{ext}")
-                       for n, ext in zip(new, (".safetensors", ".json")))
-        out(f"{args.out}.*: " + ("byte-identical to a fresh regeneration" if same
-                                  else "DIFFER from a fresh regeneration"))
-        return 0 if same else 1
+            fixtures.write(os.path.join(tmp, "fx"), tensors, manifest)
+            diff = fixtures.first_difference(args.out, os.path.join(tmp, "fx"))
+        out(f"{args.out}.*: " + ("byte-identical to a fresh regeneration" if diff is None
+                                  else f"DIFFER from a fresh regeneration: first at {diff}"))
+        return 0 if diff is None else 1
     for p in fixtures.write(args.out, tensors, manifest):
         out(f"wrote {p} ({os.path.getsize(p)} bytes)")
     return 0
-
-
-def _same_bytes(a, b) -> bool:
-    from reference.memory_budget import DEFAULT_MAX_MEMORY
-    from reference.safe_io import read_capped
-    if not os.path.exists(b):
-        return False
-    return read_capped(a, DEFAULT_MAX_MEMORY) == read_capped(b, DEFAULT_MAX_MEMORY)
 
 
 def cmd_rules(args, out=print) -> int:
@@ -400,6 +391,9 @@ def parser() -> argparse.ArgumentParser:
                         "tests/fixtures/v2_forward_vectors, whatever the working directory)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 unless the existing files regenerate byte for byte")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite the committed default fixture even from other inputs (any "
+                        "model or schedule flag off its default)")
     p = sub.add_parser("rules", help="print the tolerance rules (default or --rules FILE)")
     p.add_argument("--rules")
     p.add_argument("--format", default="toml", choices=["toml", "json"])

@@ -188,6 +188,81 @@ def write(stem, tensors: dict, manifest: dict) -> tuple:
     return st_path, js_path
 
 
+def _short(v) -> str:
+    s = json.dumps(v, sort_keys=True)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+# The inputs first: the field that says why, before the fields that follow from it.
+_FIELD_ORDER = ("schema_version", "generator", "values", "torch_version", "config", "params",
+                "seed", "schedule")
+
+
+def _field_diff(a, b, path: str):
+    """The first (dotted) manifest field where `a` (the file) and `b` (regenerated) differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        rank = lambda k: (_FIELD_ORDER.index(k) if not path and k in _FIELD_ORDER else
+                          len(_FIELD_ORDER), k)
+        for k in sorted(set(a) | set(b), key=rank):
+            sub = f"{path}.{k}" if path else k
+            if (k in a) != (k in b):
+                return f"field {sub} is only in the {'file' if k in a else 'regeneration'}"
+            d = _field_diff(a[k], b[k], sub)
+            if d:
+                return d
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"field {path}: {len(a)} entries in the file, {len(b)} regenerated"
+        return next((d for i, (x, y) in enumerate(zip(a, b))
+                     if (d := _field_diff(x, y, f"{path}[{i}]"))), None)
+    if a == b and type(a) is type(b):
+        return None
+    return f"field {path}: {_short(a)} in the file, {_short(b)} regenerated"
+
+
+def first_difference(stem, fresh) -> str | None:
+    """Where the fixture at `stem` differs from the freshly written one at `fresh`: the first
+    manifest field (sha256 last), else the first tensor, else the bytes; None when both files
+    are byte-identical."""
+    from reference.memory_budget import DEFAULT_MAX_MEMORY
+    files = {ext: [read_capped(f"{s}{ext}", DEFAULT_MAX_MEMORY, FixtureError, "fixture file")
+                   if os.path.isfile(f"{s}{ext}") else None for s in (stem, fresh)]
+             for ext in (".json", ".safetensors")}
+    for ext, (old, _) in files.items():
+        if old is None:
+            return f"{stem}{ext} does not exist"
+    if all(old == new for old, new in files.values()):
+        return None
+    try:
+        m_old = parse_json(files[".json"][0], f"{stem}.json", FixtureError)
+    except FixtureError as e:
+        return f"{stem}.json is not a readable manifest ({e})"
+    m_new = json.loads(files[".json"][1])
+    strip = lambda m: {k: v for k, v in m.items() if k != "sha256"} if isinstance(m, dict) else m
+    d = _field_diff(strip(m_old), strip(m_new), "")
+    if d:
+        return f"manifest {d}"
+    try:
+        t_old, _ = load_safetensors(f"{stem}.safetensors")
+    except ParamsError as e:
+        return f"{stem}.safetensors is not readable ({e})"
+    t_new, _ = load_safetensors(f"{fresh}.safetensors")
+    for name in sorted(set(t_old) | set(t_new)):
+        if (name in t_old) != (name in t_new):
+            return f"tensor {name!r} is only in the {'file' if name in t_old else 'regeneration'}"
+        a, b = t_old[name], t_new[name]
+        if a.dtype != b.dtype or a.shape != b.shape or _raw(a) != _raw(b):
+            return f"tensor {name!r} differs"
+    d = _field_diff(m_old.get("sha256") if isinstance(m_old, dict) else None,
+                    m_new.get("sha256"), "sha256")
+    if d:
+        return f"manifest {d}"
+    which = [ext for ext, (old, new) in files.items() if old != new]
+    return (f"{stem}{which[0]}: same manifest fields and tensors, other bytes (the "
+            f"{'JSON formatting' if which[0] == '.json' else 'safetensors framing or metadata'})")
+
+
 def _need(m: dict, key: str, kind, where: str):
     if key not in m:
         raise FixtureError(f"{where}: manifest lacks field {key!r}")

@@ -74,3 +74,56 @@ def test_coarse_table_shows_failing_fine_points_and_counts_what_it_hides():
     assert "988 of 1690 rows not shown, all passing" in text
     rc, text = run("run", "--no-check-plain")
     assert rc == 0 and "(coarse ladder; 78 of 130 points not shown, all passing" in text
+
+
+def _fixture_copy(tmp_path, name="v2_forward_vectors"):
+    import shutil
+    from ladder_common import FIXTURE
+    for ext in (".json", ".safetensors"):
+        shutil.copyfile(FIXTURE + ext, tmp_path / f"{name}{ext}")
+    return tmp_path / name
+
+
+def test_regen_refuses_to_overwrite_the_committed_fixture_from_other_inputs(
+        monkeypatch, tmp_path, capsys):
+    from ladder import fixtures
+    stem = _fixture_copy(tmp_path)          # stands in for the checkout's committed fixture
+    monkeypatch.setattr(fixtures, "REPO_FIXTURES", str(tmp_path))
+    before = [open(f"{stem}{ext}", "rb").read() for ext in (".json", ".safetensors")]
+    for flags in (["--seed", "5"], ["--steps", "3"], ["--preset", "tiny", "--window", "4"]):
+        assert run("regen", *flags) == (2, "")
+        err = capsys.readouterr().err
+        assert f"regen {flags[-2]} {flags[-1]}: would overwrite the committed fixture {stem}" \
+               in err and "--force" in err, err
+    assert [open(f"{stem}{ext}", "rb").read() for ext in (".json", ".safetensors")] == before
+    assert run("regen")[0] == 0             # the default inputs rewrite it (the same bytes)
+    assert run("regen", "--seed", "5", "--out", str(tmp_path / "other"))[0] == 0
+    assert run("regen", "--seed", "5", "--force")[0] == 0
+    assert open(f"{stem}.json", "rb").read() != before[0]
+
+
+def test_regen_check_names_the_first_differing_field_or_tensor(tmp_path):
+    import json
+    import torch
+    from ladder import fixtures
+    from reference.params import load_safetensors
+    stem = _fixture_copy(tmp_path, "fx")
+    m = json.loads(open(f"{stem}.json").read())
+    m["seed"] = 7
+    open(f"{stem}.json", "w").write(json.dumps(m, indent=1, sort_keys=True) + "\n")
+    rc, text = run("regen", "--out", str(stem), "--check")
+    assert rc == 1 and "DIFFER from a fresh regeneration: first at manifest field seed: 7 in " \
+                       "the file, 0 regenerated" in text, text
+    m["seed"] = 0
+    tensors, _ = load_safetensors(f"{stem}.safetensors")
+    key = "ladder/decode03/L02.x"
+    tensors[key] = tensors[key] + torch.finfo(torch.float32).eps
+    m["sha256"][key] = fixtures.tensor_sha256(tensors[key])
+    fixtures.write(stem, tensors, m)
+    rc, text = run("regen", "--out", str(stem), "--check")
+    assert rc == 1 and f"first at tensor {key!r} differs" in text, text
+    _fixture_copy(tmp_path, "fx")
+    open(f"{stem}.json", "a").write(" ")
+    rc, text = run("regen", "--out", str(stem), "--check")
+    assert rc == 1 and "same manifest fields and tensors, other bytes (the JSON formatting)" \
+        in text, text
