@@ -29,6 +29,7 @@ from .trace import Ladder, schedule
 
 SCHEMA = 1
 GENERATOR = "tools/gen_v2_forward_parity.py"
+VALUES = "reference.decode.forward_cached on float64 parameters, rounded to float32"
 MAX_MANIFEST = 64 * 1024 * 1024
 SEED_MAX = 2 ** 63 - 1              # torch.Generator.manual_seed's range
 FIXTURE_NAME = "v2_forward_vectors"
@@ -159,7 +160,7 @@ def build(params, cfg: V2Config, tokens, prompt_len: int, *, params_source: dict
     manifest = {
         "schema_version": SCHEMA, "generator": GENERATOR,
         "kind": "needle-parity forward-parity fixture",
-        "values": "reference.decode.forward_cached on float64 parameters, rounded to float32",
+        "values": VALUES,
         "torch_version": torch.__version__.split("+")[0],
         "config": cfg.to_dict(), "params": params_source, "seed": int(seed),
         "schedule": {"prompt_len": int(prompt_len), "kv_window": win,
@@ -318,6 +319,16 @@ def load(stem, max_memory: int | None = None) -> Fixture:
             stem = stem[:-len(ext)]
     js, st = f"{stem}.json", f"{stem}.safetensors"
     m = read_manifest(js)
+    # Its role: the reference's values, as regen writes them; any other recording (another
+    # generator, or a port's run) cannot stand in for the reference.
+    for key, want in (("generator", GENERATOR), ("values", VALUES)):
+        got = _need(m, key, str, js)
+        if got != want:
+            shown = json.dumps(got) if len(got) <= 100 else json.dumps(got[:97] + "...")
+            raise FixtureError(f"{js}: field {key}={shown}, needs {want!r}: this fixture "
+                               f"was not written by the reference's generator, so it cannot "
+                               f"stand in for the reference (make one with `python -m ladder "
+                               f"regen --out STEM`)")
     try:
         cfg = V2Config(**m["config"])
     except (ConfigError, TypeError, ValueError) as e:

@@ -60,7 +60,7 @@ def test_locate_prints_bisection_and_injection():
 def test_run_against_the_committed_fixture():
     rc, text = run("run", "--fixture", FIXTURE, "--no-check-plain")
     assert rc == 0, text
-    assert "reference f32 vs fixture" in text
+    assert "reference: not run; fixture" in text
 
 
 def test_bad_input_exits_2_naming_the_value(tmp_path, capsys):

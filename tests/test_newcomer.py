@@ -127,3 +127,33 @@ def test_regen_check_names_the_first_differing_field_or_tensor(tmp_path):
     rc, text = run("regen", "--out", str(stem), "--check")
     assert rc == 1 and "same manifest fields and tensors, other bytes (the JSON formatting)" \
         in text, text
+
+
+def test_fixture_stands_in_for_the_reference_which_does_not_run(monkeypatch):
+    import ladder.cli
+    from ladder_common import FIXTURE
+
+    def live(*a, **k):
+        raise AssertionError("the reference ran live beside --fixture")
+    monkeypatch.setattr(ladder.cli, "capture_reference", live)
+    rc, text = run("run", "--fixture", FIXTURE)
+    assert rc == 0, text
+    assert f"reference: not run; fixture {FIXTURE} stands in (reference.decode.forward_cached " \
+           f"on float64 parameters, rounded to float32, written by " \
+           f"tools/gen_v2_forward_parity.py" in text
+    assert "tracing changes no bit: port step_traced" in text
+    assert "reference not run (fixture), port" in text
+
+
+def test_a_fixture_not_written_by_the_reference_is_refused(tmp_path, capsys):
+    import json
+    for key, value in (("generator", "tools/gen_upstream_fixture.py"),
+                       ("values", "port (torch, eager) step_traced, float32")):
+        stem = _fixture_copy(tmp_path, "fx")
+        m = json.loads(open(f"{stem}.json").read())
+        m[key] = value
+        open(f"{stem}.json", "w").write(json.dumps(m))
+        assert run("run", "--fixture", str(stem), "--no-check-plain") == (2, "")
+        err = capsys.readouterr().err
+        assert f"{stem}.json: field {key}={json.dumps(value)}, needs " in err
+        assert "cannot stand in for the reference" in err
