@@ -157,3 +157,16 @@ def test_a_fixture_not_written_by_the_reference_is_refused(tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"{stem}.json: field {key}={json.dumps(value)}, needs " in err
         assert "cannot stand in for the reference" in err
+
+
+def test_report_explains_growth_and_wraps_long_pre_lines():
+    import re
+    from ladder.compare import compare_ladders
+    from ladder.report import html, markdown
+    from ladder_common import clean_port_ladder, reference_ladder
+    cmp = compare_ladders(clean_port_ladder(), reference_ladder())
+    page, text = html(cmp, plot_backend="svg"), markdown(cmp)
+    legend = "growth: max|a-b| at this point over max|a-b| at the same point one layer earlier"
+    assert legend in page and legend in text
+    pre = re.search(r"pre\{([^}]*)\}", page).group(1)
+    assert "white-space:pre-wrap" in pre and "overflow-wrap:anywhere" in pre
