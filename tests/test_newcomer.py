@@ -170,3 +170,19 @@ def test_report_explains_growth_and_wraps_long_pre_lines():
     assert legend in page and legend in text
     pre = re.search(r"pre\{([^}]*)\}", page).group(1)
     assert "white-space:pre-wrap" in pre and "overflow-wrap:anywhere" in pre
+
+
+def test_readme_says_why_the_tiny_examples_repeat_one_id():
+    import os
+    import re
+    from reference import V2Config, init_params
+    from reference.decode import generate
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "README.md"), encoding="utf-8").read()
+    port_block = readme.index("print(next_id, int(logits.argmax())")
+    why = re.search(r"The ids printed here and below repeat \(`0 0 \.\.\.`, `\[42, 42, \.\.\.\]`"
+                    r"\) because the tiny model's\s+weights are random, not trained", readme)
+    assert why and why.start() > port_block, "README does not say why the tiny ids repeat"
+    assert readme.index("print(generate(params, cfg, [5, 17, 42], 10))") > why.start()
+    cfg = V2Config.preset("tiny")          # what the sentence claims, on the README's inputs
+    assert generate(init_params(cfg, seed=0, perturbed=True), cfg, [5, 17, 42], 10) == [42] * 10
