@@ -223,3 +223,23 @@ def test_benches_say_each_stage_on_stderr(capsys):
                              re.M), err
     finally:
         torch.set_num_threads(threads)
+
+
+def test_slow_marker_is_registered_and_on_the_slowest_tests(pytestconfig):
+    import os
+    assert "slow" in [m.split(":")[0].strip() for m in pytestconfig.getini("markers")]
+    import test_bench_gpu_decode
+    import test_fused
+    marks = lambda f: {m.name for m in getattr(f, "pytestmark", [])}
+    for f in (test_bench_gpu_decode.test_eight_rows_with_numbers_launches_and_json,
+              test_bench_gpu_decode.test_count_launches_json_feeds_the_table,
+              test_fused.test_triton_kernels_match_their_twins_in_the_body):
+        assert "slow" in marks(f), f.__name__
+    params = next(m for m in test_fused.test_locate_blames_the_fused_layer.pytestmark
+                  if m.name == "parametrize").args[1]
+    by_id = {p if isinstance(p, str) else p.values[0]:
+             set() if isinstance(p, str) else {m.name for m in p.marks} for p in params}
+    assert "slow" in by_id["triton"] and "slow" not in by_id["twin"]     # 15 s against 5 s
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "README.md"), encoding="utf-8").read()
+    assert '`python -m pytest -q -m "not slow"`' in readme
