@@ -230,10 +230,16 @@ def test_slow_marker_is_registered_and_on_the_slowest_tests(pytestconfig):
     assert "slow" in [m.split(":")[0].strip() for m in pytestconfig.getini("markers")]
     import test_bench_gpu_decode
     import test_fused
+    import test_ladder_faults
+    import test_native
+    import test_port
     marks = lambda f: {m.name for m in getattr(f, "pytestmark", [])}
-    for f in (test_bench_gpu_decode.test_eight_rows_with_numbers_launches_and_json,
-              test_bench_gpu_decode.test_count_launches_json_feeds_the_table,
-              test_fused.test_triton_kernels_match_their_twins_in_the_body):
+    for f in (test_bench_gpu_decode.test_eight_rows_with_numbers_launches_and_json,   # 63 s
+              test_bench_gpu_decode.test_count_launches_json_feeds_the_table,         # 42 s
+              test_fused.test_triton_kernels_match_their_twins_in_the_body,           # 23+11 s
+              test_native.test_bits_do_not_depend_on_the_vector_width,                # 17 s
+              test_port.test_triton_backend_matches_torch_backend,                    # 16 s
+              test_ladder_faults.test_triton_faults_on_a_short_schedule):             # 16 s
         assert "slow" in marks(f), f.__name__
     params = next(m for m in test_fused.test_locate_blames_the_fused_layer.pytestmark
                   if m.name == "parametrize").args[1]
