@@ -249,3 +249,20 @@ def test_slow_marker_is_registered_and_on_the_slowest_tests(pytestconfig):
     readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                "README.md"), encoding="utf-8").read()
     assert '`python -m pytest -q -m "not slow"`' in readme
+
+
+def test_readme_tools_table_gives_each_tool_an_expected_runtime():
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    row = next(ln for ln in readme.splitlines() if ln.startswith("| `tools/` |"))
+    found = list(re.finditer(r"`([\w-]+\.(?:py|sh))`", row))
+    names = [m.group(1) for m in found]
+    listed = {f for f in os.listdir(os.path.join(root, "tools"))
+              if f.endswith((".py", ".sh")) and f not in ("gpu_timing.py",
+                                                         "v41_kernel_standins.py")}  # helpers
+    assert listed <= set(names), sorted(listed - set(names))
+    for m, nxt in zip(found, found[1:] + [None]):
+        segment = row[m.end():nxt.start() if nxt else len(row)]
+        assert re.search(r"\d+(?:\.\d+)?(?:–\d+)? ?(?:s|min)\b", segment), (m.group(1), segment)
