@@ -19,13 +19,14 @@ The public names below are imported on first use, so `ladder.rules` stays light.
 
     from ladder import capture_reference, capture_port, compare_ladders, load_rules
 """
+import sys
+import types
 from importlib import import_module
 
 _LAZY = {
     "Ladder": "trace", "TraceError": "trace",
     "capture_reference": "capture", "capture_port": "capture",
     "compare_ladders": "compare", "Comparison": "compare", "CompareError": "compare",
-    # the first-divergence search is `ladder.locate.locate`: its module owns the name
     "Rule": "rules", "RuleSet": "rules", "RulesError": "rules", "DEFAULT_RULES": "rules",
     "load_rules": "rules", "dump_rules": "rules",
     "write_report": "report",
@@ -33,7 +34,25 @@ _LAZY = {
     "main": "cli",
 }
 
-__all__ = list(_LAZY)
+__all__ = list(_LAZY) + ["locate"]
+
+
+class _Package(types.ModuleType):
+    """`ladder.locate` is the first-divergence search, the function (`from ladder import
+    locate`), while the module of that name stays importable (`from ladder.locate import
+    locate, Location`): the import system's binding of the submodule on the package goes to
+    the setter below and is dropped; `sys.modules["ladder.locate"]` keeps the module."""
+
+    @property
+    def locate(self):
+        return import_module(".locate", __name__).locate
+
+    @locate.setter
+    def locate(self, module):
+        pass
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name):

@@ -145,10 +145,12 @@ def _fixture_flag(args) -> None:
     if args.fixture:
         stem = fixtures.find_stem(args.fixture)
         if stem is None:
-            where = f"there or in {fixtures.REPO_FIXTURES}" if fixtures.REPO_FIXTURES else \
-                "there (this installed copy has no tests/fixtures/)"
-            _fail(f"--fixture {args.fixture}: no {os.path.basename(args.fixture)}.json + "
-                  f".safetensors {where}; fixtures live in the repository's tests/fixtures/: "
+            bare = fixtures.bare_stem(args.fixture)
+            name = os.path.basename(bare)
+            where = f", nor {name}.json + {name}.safetensors in {fixtures.REPO_FIXTURES}" \
+                if fixtures.REPO_FIXTURES else " (this installed copy has no tests/fixtures/)"
+            _fail(f"--fixture {args.fixture}: no {bare}.json + {bare}.safetensors{where}; "
+                  f"fixtures live in the repository's tests/fixtures/: "
                   f"give the path to one, or make one with `python -m ladder regen --out STEM`")
         args.fixture = stem
 
@@ -191,6 +193,20 @@ def _regen_flags(args) -> None:
                   f"nothing to compare (drop --check to write it)")
     else:
         writable_dir("--out", os.path.dirname(os.path.abspath(args.out)), shown=args.out)
+        committed = fixtures.default_stem()
+        if committed and os.path.abspath(args.out) == committed and not args.force:
+            from .cli import DEFAULT_PROMPT, DEFAULT_STEPS
+            other = [f"{flag} {v}" for flag, v, default in (
+                ("--preset", args.preset, "tiny"), ("--params", args.params, None),
+                ("--cact", args.cact, None), ("--seed", args.seed, 0),
+                ("--prompt-len", args.prompt_len, DEFAULT_PROMPT),
+                ("--steps", args.steps, DEFAULT_STEPS), ("--window", args.window, None))
+                if v != default]
+            if other:
+                _fail(f"regen {' '.join(other)}: would overwrite the committed fixture "
+                      f"{committed}.json + .safetensors, made from the default inputs, with "
+                      f"other ones; give --out STEM for a new fixture, or --force to "
+                      f"overwrite it")
 
 
 def check(args) -> None:
@@ -234,11 +250,12 @@ def check_model(args, cfg) -> None:
               f"exceeds the model's max_seq_len={cfg.max_seq_len}; lower --steps")
 
 
-def schedule_note(n: int, window: int) -> str:
-    """The run header's word on the ring: whether these positions make it wrap."""
+def schedule_note(n: int, ring: int, window: int) -> str:
+    """The run header's word on the port's KV ring (`ring` slots, attention `window`): whether
+    these positions make it wrap."""
     if not window:
         return ""
-    if n > window:
-        return f", the ring wraps at {window}"
-    return (f"; note: {n} positions fit in the window of {window}, so the ring never wraps "
-            f"(raise --steps to test wrapping)")
+    if n > ring:
+        return f", the ring ({ring} slots, window {window}) wraps at position {ring}"
+    return (f"; note: {n} positions fit in the ring of {ring} slots (window {window}), so the "
+            f"ring never wraps (raise --steps to test wrapping)")

@@ -171,32 +171,30 @@ def compare_run(args, out=print):
     out(f"model: {src['source']} {src.get('preset', src.get('file', ''))} d={cfg.d_model} "
         f"L={cfg.num_layers} H={cfg.num_heads}/{cfg.num_kv_heads} vocab={cfg.vocab_size} "
         f"Engram layers {list(cfg.engram_layers)} window={window}")
-    wraps = schedule_note(n, window)
+    wraps = schedule_note(n, run.ring, run.window)
     out(f"schedule: prompt {prompt} + {n - prompt} decode steps = {n} positions{wraps}")
+    if args.fixture:                  # the fixture stands in for the reference: not run live
+        out(f"reference: not run; fixture {fx.path} stands in ({fx.manifest['values']}, "
+            f"written by {fx.manifest['generator']}, torch {fx.manifest['torch_version']})")
     check = not args.no_check_plain
-    with bar(2 * n, "capturing") as pb:
+    with bar((1 if args.fixture else 2) * n, "capturing") as pb:
         ta = time.perf_counter()
-        if args.fixture:
-            ref = fx.ladder
-            ref32 = capture_reference(params, cfg, tokens, prompt, window=window,
-                                      check_plain=check, progress=pb, label="reference")
-        else:
-            ref = ref32 = capture_reference(params, cfg, tokens, prompt, window=window,
-                                            check_plain=check, progress=pb, label="reference")
+        ref = fx.ladder if args.fixture else capture_reference(
+            params, cfg, tokens, prompt, window=window, check_plain=check, progress=pb,
+            label="reference")
         tb = time.perf_counter()
         port = capture_port(model, tokens, prompt, window=port_window, check_plain=check,
                             progress=pb, label=run.label())
         tc = time.perf_counter()
     if check:
-        out("tracing changes no bit: reference traced == plain forward_cached; port "
-            "step_traced == prefill_batch + step (logits and caches, torch.equal)")
+        out("tracing changes no bit: " + ("" if args.fixture else "reference traced == plain "
+            "forward_cached; ") + "port step_traced == prefill_batch + step (logits and "
+            "caches, torch.equal)")
     if graph_verdict(model, check):
         out(graph_verdict(model, check))
     cmp = compare_ladders(port, ref, rules, prefix="port", a_label=run.label(),
                           b_label=ref.label)
     extra = []
-    if args.fixture:
-        extra = [compare_ladders(ref32, ref, rules, prefix="arbiter", a_label="reference f32")]
     td = time.perf_counter()
     info = {"model": f"{src['source']} {src.get('preset', src.get('file', ''))}",
             **run.as_info(),
@@ -204,7 +202,8 @@ def compare_run(args, out=print):
             "schedule": f"prompt {prompt} + {n - prompt} steps, window {window}",
             "rules": rules.source, "torch": torch.__version__,
             "threads": torch.get_num_threads(),
-            "timing": f"reference {tb - ta:.2f} s, port {tc - tb:.2f} s, compare "
+            "timing": ("reference not run (fixture)" if args.fixture else
+                       f"reference {tb - ta:.2f} s") + f", port {tc - tb:.2f} s, compare "
                       f"{td - tc:.2f} s, total {td - t0:.2f} s"}
     return cmp, extra, port, ref, model, port_window, info
 
@@ -212,15 +211,22 @@ def compare_run(args, out=print):
 def _print_table(cmp, args, out):
     from .table import summary, to_text
     df = cmp.to_frame()
+    # The coarse view never hides a failure: a failing point is shown wherever it lies.
+    failing = set(df.loc[~df["passed"], "point"])
     if args.per_step:
-        shown = df if args.fine else df[df["coarse"]]
+        shown = df if args.fine else df[df["coarse"] | ~df["passed"]]
     else:
-        shown = summary(df, coarse_only=not args.fine)
+        shown = summary(df if args.fine else df[df["coarse"] | df["point"].isin(failing)])
     out("")
     out(to_text(shown))
     if not args.fine:
-        out(f"(coarse ladder; {len(df['point'].unique())} points in all: --fine shows them, "
-            f"--per-step every step)")
+        extra = len(failing - set(df.loc[df["coarse"], "point"]))
+        unit, left = (("rows", len(df) - len(shown)) if args.per_step else
+                      ("points", df["point"].nunique() - shown["point"].nunique()))
+        out(f"(coarse ladder" + (f" + {extra} failing point{'s' * (extra != 1)} off it"
+                                 if extra else "") +
+            f"; {left} of {len(df) if args.per_step else df['point'].nunique()} {unit} not "
+            f"shown, all passing: --fine shows them, --per-step every step)")
 
 
 def _other_model(args) -> bool:
@@ -302,23 +308,14 @@ def cmd_regen(args, out=print) -> int:
         f"{size / 1e6:.2f} MB of values")
     if args.check:
         with tempfile.TemporaryDirectory() as tmp:
-            new = fixtures.write(os.path.join(tmp, "fx"), tensors, manifest)
-            same = all(_same_bytes(n, f"{args.out}{ext}")
-                       for n, ext in zip(new, (".safetensors", ".json")))
-        out(f"{args.out}.*: " + ("byte-identical to a fresh regeneration" if same
-                                  else "DIFFER from a fresh regeneration"))
-        return 0 if same else 1
+            fixtures.write(os.path.join(tmp, "fx"), tensors, manifest)
+            diff = fixtures.first_difference(args.out, os.path.join(tmp, "fx"))
+        out(f"{args.out}.*: " + ("byte-identical to a fresh regeneration" if diff is None
+                                  else f"DIFFER from a fresh regeneration: first at {diff}"))
+        return 0 if diff is None else 1
     for p in fixtures.write(args.out, tensors, manifest):
         out(f"wrote {p} ({os.path.getsize(p)} bytes)")
     return 0
-
-
-def _same_bytes(a, b) -> bool:
-    from reference.memory_budget import DEFAULT_MAX_MEMORY
-    from reference.safe_io import read_capped
-    if not os.path.exists(b):
-        return False
-    return read_capped(a, DEFAULT_MAX_MEMORY) == read_capped(b, DEFAULT_MAX_MEMORY)
 
 
 def cmd_rules(args, out=print) -> int:
@@ -370,7 +367,8 @@ def _model_args(p, regen=False):
                         "(a CUDA graph on CUDA); the run checks it against the traced eager "
                         "step bit for bit")
     p.add_argument("--fixture", help="compare against this fixture stem instead of running the "
-                                     "reference live (its tokens and schedule win)")
+                                     "reference live (its tokens and schedule win; only a "
+                                     "fixture of the reference's values, from regen)")
     p.add_argument("--no-check-plain", action="store_true",
                    help="skip proving that tracing changes no bit (saves a third run)")
     p.add_argument("--fine", action="store_true", help="print every point, not the coarse ladder")
@@ -414,6 +412,9 @@ def parser() -> argparse.ArgumentParser:
                         "tests/fixtures/v2_forward_vectors, whatever the working directory)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 unless the existing files regenerate byte for byte")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite the committed default fixture even from other inputs (any "
+                        "model or schedule flag off its default)")
     p.add_argument("--format", default="needle-parity", choices=["needle-parity", "needle-rs"],
                    help="needle-parity: our fixture (safetensors + JSON); needle-rs: its "
                         "STEM.json + STEM.f32 of greedy decode steps, which needle-rs's "

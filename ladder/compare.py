@@ -161,6 +161,12 @@ def compare_point(step: str, point: str, a, b, pattern: str, rule: Rule, rel_flo
     if a.shape != b.shape:
         return _missing(step, point, tuple(b.shape), pattern, rule,
                         f"shape {list(a.shape)} vs reference {list(b.shape)}")
+    # numpy has no bfloat16 (and the ULP count reads float32 bits): 16-bit floats are
+    # compared as float32, exactly (every bfloat16/float16 value is a float32), and said so.
+    half = [f"{side} is {str(t.dtype)[6:]}" for side, t in (("a", a), ("b", b))
+            if t.dtype in (torch.bfloat16, torch.float16)]
+    if half:
+        a, b = a.float(), b.float()
     m = metrics(a, b, rel_floor)
     ratios = rule.position_ratios(a, b)
     errs = rule.position_errors(a, b, ratios)
@@ -174,7 +180,10 @@ def compare_point(step: str, point: str, a, b, pattern: str, rule: Rule, rel_flo
                        m["nan_b"], m["inf_a"], m["inf_b"], pattern, rule, error,
                        error <= 1.0, pos0 + worst,
                        None if first_bad is None else pos0 + first_bad,
-                       "NaN/Inf in a capture" if nonfinite else "", pos0, tuple(errs))
+                       "; ".join(([f"compared as float32 ({', '.join(half)}; ulp in "
+                                   f"float32 units)"] if half else []) +
+                                 (["NaN/Inf in a capture"] if nonfinite else [])),
+                       pos0, tuple(errs))
 
 
 def _missing(step, point, shape, pattern, rule, note) -> PointResult:

@@ -29,6 +29,7 @@ from .trace import Ladder, schedule
 
 SCHEMA = 1
 GENERATOR = "tools/gen_v2_forward_parity.py"
+VALUES = "reference.decode.forward_cached on float64 parameters, rounded to float32"
 MAX_MANIFEST = 64 * 1024 * 1024
 SEED_MAX = 2 ** 63 - 1              # torch.Generator.manual_seed's range
 FIXTURE_NAME = "v2_forward_vectors"
@@ -53,13 +54,19 @@ def default_stem():
     return os.path.join(REPO_FIXTURES, FIXTURE_NAME) if REPO_FIXTURES else None
 
 
-def find_stem(stem):
-    """A fixture stem as given (relative to the working directory), else the same name in the
-    checkout's tests/fixtures/; None when neither has both files."""
+def bare_stem(stem) -> str:
+    """The stem of a fixture named by its stem or by either of its files."""
     stem = os.fspath(stem)
     for ext in (".safetensors", ".json"):
         if stem.endswith(ext):
             stem = stem[:-len(ext)]
+    return stem
+
+
+def find_stem(stem):
+    """A fixture stem as given (relative to the working directory), else the same name in the
+    checkout's tests/fixtures/; None when neither has both files."""
+    stem = bare_stem(stem)
     tries = [stem] + ([os.path.join(REPO_FIXTURES, os.path.basename(stem))]
                       if REPO_FIXTURES else [])
     for cand in tries:
@@ -153,7 +160,7 @@ def build(params, cfg: V2Config, tokens, prompt_len: int, *, params_source: dict
     manifest = {
         "schema_version": SCHEMA, "generator": GENERATOR,
         "kind": "needle-parity forward-parity fixture",
-        "values": "reference.decode.forward_cached on float64 parameters, rounded to float32",
+        "values": VALUES,
         "torch_version": torch.__version__.split("+")[0],
         "config": cfg.to_dict(), "params": params_source, "seed": int(seed),
         "schedule": {"prompt_len": int(prompt_len), "kv_window": win,
@@ -180,6 +187,81 @@ def write(stem, tensors: dict, manifest: dict) -> tuple:
     os.replace(st_path + ".tmp", st_path)
     os.replace(js_path + ".tmp", js_path)
     return st_path, js_path
+
+
+def _short(v) -> str:
+    s = json.dumps(v, sort_keys=True)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+# The inputs first: the field that says why, before the fields that follow from it.
+_FIELD_ORDER = ("schema_version", "generator", "values", "torch_version", "config", "params",
+                "seed", "schedule")
+
+
+def _field_diff(a, b, path: str):
+    """The first (dotted) manifest field where `a` (the file) and `b` (regenerated) differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        rank = lambda k: (_FIELD_ORDER.index(k) if not path and k in _FIELD_ORDER else
+                          len(_FIELD_ORDER), k)
+        for k in sorted(set(a) | set(b), key=rank):
+            sub = f"{path}.{k}" if path else k
+            if (k in a) != (k in b):
+                return f"field {sub} is only in the {'file' if k in a else 'regeneration'}"
+            d = _field_diff(a[k], b[k], sub)
+            if d:
+                return d
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"field {path}: {len(a)} entries in the file, {len(b)} regenerated"
+        return next((d for i, (x, y) in enumerate(zip(a, b))
+                     if (d := _field_diff(x, y, f"{path}[{i}]"))), None)
+    if a == b and type(a) is type(b):
+        return None
+    return f"field {path}: {_short(a)} in the file, {_short(b)} regenerated"
+
+
+def first_difference(stem, fresh) -> str | None:
+    """Where the fixture at `stem` differs from the freshly written one at `fresh`: the first
+    manifest field (sha256 last), else the first tensor, else the bytes; None when both files
+    are byte-identical."""
+    from reference.memory_budget import DEFAULT_MAX_MEMORY
+    files = {ext: [read_capped(f"{s}{ext}", DEFAULT_MAX_MEMORY, FixtureError, "fixture file")
+                   if os.path.isfile(f"{s}{ext}") else None for s in (stem, fresh)]
+             for ext in (".json", ".safetensors")}
+    for ext, (old, _) in files.items():
+        if old is None:
+            return f"{stem}{ext} does not exist"
+    if all(old == new for old, new in files.values()):
+        return None
+    try:
+        m_old = parse_json(files[".json"][0], f"{stem}.json", FixtureError)
+    except FixtureError as e:
+        return f"{stem}.json is not a readable manifest ({e})"
+    m_new = json.loads(files[".json"][1])
+    strip = lambda m: {k: v for k, v in m.items() if k != "sha256"} if isinstance(m, dict) else m
+    d = _field_diff(strip(m_old), strip(m_new), "")
+    if d:
+        return f"manifest {d}"
+    try:
+        t_old, _ = load_safetensors(f"{stem}.safetensors")
+    except ParamsError as e:
+        return f"{stem}.safetensors is not readable ({e})"
+    t_new, _ = load_safetensors(f"{fresh}.safetensors")
+    for name in sorted(set(t_old) | set(t_new)):
+        if (name in t_old) != (name in t_new):
+            return f"tensor {name!r} is only in the {'file' if name in t_old else 'regeneration'}"
+        a, b = t_old[name], t_new[name]
+        if a.dtype != b.dtype or a.shape != b.shape or _raw(a) != _raw(b):
+            return f"tensor {name!r} differs"
+    d = _field_diff(m_old.get("sha256") if isinstance(m_old, dict) else None,
+                    m_new.get("sha256"), "sha256")
+    if d:
+        return f"manifest {d}"
+    which = [ext for ext, (old, new) in files.items() if old != new]
+    return (f"{stem}{which[0]}: same manifest fields and tensors, other bytes (the "
+            f"{'JSON formatting' if which[0] == '.json' else 'safetensors framing or metadata'})")
 
 
 def _need(m: dict, key: str, kind, where: str):
@@ -237,6 +319,16 @@ def load(stem, max_memory: int | None = None) -> Fixture:
             stem = stem[:-len(ext)]
     js, st = f"{stem}.json", f"{stem}.safetensors"
     m = read_manifest(js)
+    # Its role: the reference's values, as regen writes them; any other recording (another
+    # generator, or a port's run) cannot stand in for the reference.
+    for key, want in (("generator", GENERATOR), ("values", VALUES)):
+        got = _need(m, key, str, js)
+        if got != want:
+            shown = json.dumps(got) if len(got) <= 100 else json.dumps(got[:97] + "...")
+            raise FixtureError(f"{js}: field {key}={shown}, needs {want!r}: this fixture "
+                               f"was not written by the reference's generator, so it cannot "
+                               f"stand in for the reference (make one with `python -m ladder "
+                               f"regen --out STEM`)")
     try:
         cfg = V2Config(**m["config"])
     except (ConfigError, TypeError, ValueError) as e:

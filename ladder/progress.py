@@ -1,7 +1,8 @@
-"""A tiny progress bar (no dependency): drawn on a terminal, silent otherwise.
+"""A tiny progress bar (no dependency): drawn on a terminal, silent otherwise; and `Stages`,
+one line per stage of a long tool, terminal or log alike.
 
-Redraws at most ~10 times a second so it costs nothing next to a model step; on a non-TTY
-stream (CI logs, pipes, tests) it writes nothing at all, keeping captured output clean.
+The bar redraws at most ~10 times a second so it costs nothing next to a model step; on a
+non-TTY stream (CI logs, pipes, tests) it writes nothing at all, keeping captured output clean.
 """
 from __future__ import annotations
 
@@ -48,3 +49,17 @@ class Progress:
 
 def bar(total: int, label: str, enabled=None) -> Progress:
     return Progress(total, label, enabled=enabled)
+
+
+class Stages:
+    """One stderr line as each stage of a long tool starts (on a terminal or into a log), with
+    the time since the tool started: a benchmark that takes minutes is never silent, and its
+    log says where the time went. `stages("building torch:cq")`."""
+
+    def __init__(self, tool: str, stream=None):
+        self.tool, self.stream, self.t0 = tool, stream, time.perf_counter()
+
+    def __call__(self, what: str) -> None:
+        stream = sys.stderr if self.stream is None else self.stream
+        stream.write(f"{self.tool} [{time.perf_counter() - self.t0:7.1f} s] {what}\n")
+        stream.flush()

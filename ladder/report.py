@@ -15,7 +15,7 @@ import pandas as pd
 
 from .compare import Comparison
 from .plot import growth_plot
-from .table import HEADERS, SUMMARY, frame, summary, to_csv, to_markdown, _fmt
+from .table import GROWTH_LEGEND, HEADERS, SUMMARY, frame, summary, to_csv, to_markdown, _fmt
 
 FULL = ["step", "point", "shape", "error", "passed", "max_abs", "max_rel", "ulp", "one_minus_cos",
         "sqnr_db", "mismatch", "nan_a", "nan_b", "inf_a", "inf_b", "rule", "growth",
@@ -31,7 +31,9 @@ td.l,th.l{text-align:left} td.w{white-space:normal;min-width:30em}
 tr.fail td{background:#fde0dc}
 tr.first td{background:#f4a99b;font-weight:bold}
 .pass{color:#176d2c;font-weight:bold} .div{color:#b00;font-weight:bold}
-pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:12px}
+pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:12px;white-space:pre-wrap;
+overflow-wrap:anywhere}
+p.legend{font-size:12px;color:#555}
 img{max-width:100%;border:1px solid #eee}
 """
 
@@ -91,6 +93,7 @@ def html(cmp: Comparison, loc=None, info: dict | None = None, plot_backend="auto
         f'<img alt="error / allowance per step and layer" src="{uri}">',
         "<h2>Per point (worst step)</h2>",
         _table_html(summ, SUMMARY + ["growth", "note"]),
+        f'<p class="legend">{escape(GROWTH_LEGEND)}</p>',
         "<h2>Logits</h2>", _table_html(_logits_frame(cmp), list(_logits_frame(cmp).columns))
         if cmp.logits else "<p>no logits point</p>",
         "<h2>Rules</h2>", _table_html(_rules_frame(cmp), ["pattern", "rtol", "atol", "scale",
@@ -99,7 +102,8 @@ def html(cmp: Comparison, loc=None, info: dict | None = None, plot_backend="auto
         f"{cmp.rules.rel_floor:g}·max|ref|; top-{cmp.rules.logits.topk}, near ties within "
         f"{cmp.rules.logits.tie_factor:g} allowances.</p>",
         f"<details><summary><b>Every (step, point): {len(df)} rows</b></summary>",
-        _table_html(df, FULL), "</details>", "</body></html>",
+        _table_html(df, FULL), f'<p class="legend">{escape(GROWTH_LEGEND)}</p>', "</details>",
+        "</body></html>",
     ]
     return "\n".join(p for p in parts if p)
 
@@ -115,6 +119,7 @@ def markdown(cmp: Comparison, loc=None, info: dict | None = None) -> str:
         out += ["## Locate", "", "```", str(loc), "```", ""]
     out += ["## Per point (worst step)", "",
             to_markdown(summary(df), SUMMARY),
+            f"In the CSV (every step and point), {GROWTH_LEGEND}.", "",
             "## Rules", "", to_markdown(_rules_frame(cmp))]
     return "\n".join(out)
 

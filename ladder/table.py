@@ -73,6 +73,11 @@ def summary(df: pd.DataFrame, coarse_only: bool = False) -> pd.DataFrame:
     return res.rename(columns={"step": "worst_step"})
 
 
+# One line for every rendering that shows (or ships, as the CSV does) the growth column.
+GROWTH_LEGEND = ("growth: max|a-b| at this point over max|a-b| at the same point one layer "
+                 "earlier, same step (above 1: the error grows with depth; - where there is no "
+                 "earlier layer or its error was exactly zero)")
+
 HEADERS = {"passed": "result", "one_minus_cos": "1-cos", "worst_step": "worst at",
            "failing_steps": "failing", "first_fail": "first"}
 

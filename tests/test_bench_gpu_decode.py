@@ -46,6 +46,7 @@ def counts_file(tmp_path, preset="tiny"):
     return path, configs
 
 
+@pytest.mark.slow
 def test_eight_rows_with_numbers_launches_and_json(tmp_path, capsys):
     launches, configs = counts_file(tmp_path)
     out_json = tmp_path / "table.json"
@@ -143,6 +144,7 @@ def test_cuda_refused_without_a_device(capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_count_launches_json_feeds_the_table(tmp_path, capsys, tiny_cfg, tiny_params):
     import count_launches as cl
     path = tmp_path / "launches.json"

@@ -91,6 +91,7 @@ def test_mixed_code_widths_split_a_product_into_blocks(tiny_cfg, tiny_params):
 
 
 @needs_triton
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["dense", "cq"])
 def test_triton_kernels_match_their_twins_in_the_body(tiny_cfg, tiny_params, weights):
     base = V2Model.from_params(tiny_params, tiny_cfg, weights=weights, device=DEV)
@@ -232,7 +233,8 @@ def test_faults_outside_the_body_reach_its_steps(name):
     assert first_bit_difference(bad, clean)[1:] == (point, pos)
 
 
-@pytest.mark.parametrize("kernels", ["twin", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("kernels", ["twin", pytest.param("triton",
+                                                         marks=[needs_triton, pytest.mark.slow])])
 def test_locate_blames_the_fused_layer(kernels):
     # RoPE at pos+1 in layer 3 of the fused body only: the first divergence is a decode
     # step's L03.q, and re-running the fused layer on the reference's inputs still fails

@@ -60,7 +60,7 @@ def test_locate_prints_bisection_and_injection():
 def test_run_against_the_committed_fixture():
     rc, text = run("run", "--fixture", FIXTURE, "--no-check-plain")
     assert rc == 0, text
-    assert "reference f32 vs fixture" in text
+    assert "reference: not run; fixture" in text
 
 
 def test_bad_input_exits_2_naming_the_value(tmp_path, capsys):
@@ -81,7 +81,8 @@ def test_bad_input_exits_2_naming_the_value(tmp_path, capsys):
         (["--fixture", FIXTURE, "--weights", "cq"], "--weights cq quantises the parameters"),
         (["--fixture", FIXTURE, "--params", str(other)], "field kv_window is 8 in the "
                                                          "fixture, 4 in the model"),
-        (["--fixture", str(tmp_path / "none")], f"--fixture {tmp_path / 'none'}: no none.json"),
+        (["--fixture", str(tmp_path / "none")], f"--fixture {tmp_path / 'none'}: no "
+                                                f"{tmp_path / 'none'}.json + "),
         (["--window", "9", "--no-check-plain"], "--window 9: must lie in 1..8"),
         (["--device", "nonsense"], "--device nonsense: not a device torch knows"),
     ]

@@ -144,6 +144,7 @@ def test_every_native_switch_is_in_the_c_source():
             assert f"#ifdef {f.native}\n" in src, f.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["window_off_by_one"])
 def test_triton_faults_on_a_short_schedule(name):
     # Triton attention runs under the interpreter on CPU: 8 positions (the window fills at

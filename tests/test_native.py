@@ -97,6 +97,7 @@ print(h.hexdigest())
 """
 
 
+@pytest.mark.slow
 def test_bits_do_not_depend_on_the_vector_width(tmp_path):
     # The same source built for plain x86-64 (no AVX: the scalar lanes and fmaf) gives the
     # same bits as the AVX2 build this machine uses.

@@ -229,6 +229,7 @@ def test_cq_prefill_batch_equals_step_prefill(tiny_cq_model, tokens, cap):
     assert torch.equal(tiny_cq_model.step(7, a), tiny_cq_model.step(7, b))
 
 
+@pytest.mark.slow
 def test_triton_backend_matches_torch_backend(tiny_cfg, tiny_params):
     # The fused Triton body (the interpreter on CPU) against the torch port: the same model in
     # another op order and other reduction trees, so the port's float32 rule, not bits.

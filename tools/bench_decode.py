@@ -43,6 +43,7 @@ from reference import cact                                       # noqa: E402
 from reference.config import V2Config                            # noqa: E402
 from reference.decode import forward_cached, init_kv_cache       # noqa: E402
 from reference.params import init_params                         # noqa: E402
+from ladder.progress import Stages                               # noqa: E402
 
 PROMPT = 256
 
@@ -112,9 +113,10 @@ def quiet_stderr():
         os.close(saved)
 
 
-def bench_port(model, cfg, steps, tok):
+def bench_port(model, cfg, steps, tok, say=lambda what: None):
     out = {"weights_mb": held_mb(model)}
     prompt = [next(tok) for _ in range(min(PROMPT, cfg.max_seq_len // 4))]
+    say(f"prefill_batch of {len(prompt)} tokens, then {len(prompt)} step_prefill calls")
     state = model.make_state()
     model.prefill_batch(prompt[:8], model.make_state(), V2Batch(model, 64))        # warm
     t0 = time.perf_counter()
@@ -131,11 +133,13 @@ def bench_port(model, cfg, steps, tok):
     last = cfg.max_seq_len - steps - 5           # 3 warm-up steps, 1 profiled
     batch = V2Batch(model, 64)
     for target in sorted({min(300, last), min(1500, last)}):
+        say(f"median of {steps} steps at position {target}")
         if state.pos < target:
             model.prefill_batch([next(tok) for _ in range(target - state.pos)], state, batch)
         for _ in range(3):
             model.step(next(tok), state)                            # warm
         out[f"step_ms_at_{target}"] = median_ms(lambda: model.step(next(tok), state), steps)
+    say("aten ops of one step (torch profiler)")
     from torch.profiler import profile, ProfilerActivity
     with quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
         model.step(next(tok), state)
@@ -193,6 +197,9 @@ def main(argv=None):
         ap.error(problem)                           # exit 2, before any measurement
     torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
+    say = Stages("bench_decode")
+    say(f"--preset {args.preset}: seeded parameters and their .cact ({len(args.ports)} ports, "
+        f"then the reference)")
     cfg = V2Config.preset(args.preset)
     params = init_params(cfg, 0, perturbed=True)
     cactfile = cact.build_cact(params, cfg)
@@ -208,12 +215,15 @@ def main(argv=None):
     if "native" in " ".join(args.ports):
         from kernels import native
         native.set_threads(args.threads)
-    for port in args.ports:
+    for i, port in enumerate(args.ports, 1):
         backend, weights = port.split(":")
+        say(f"port {i}/{len(args.ports)} {port}: building")
         before = rss_mb()
         model = build(params, cfg, backend, weights, cact_path)
         grown = rss_mb() - before
-        res["ports"][port] = bench_port(model, cfg, args.steps, tok)
+        res["ports"][port] = bench_port(model, cfg, args.steps, tok,
+                                        lambda what: say(f"port {i}/{len(args.ports)} {port}: "
+                                                         f"{what}"))
         res["ports"][port]["rss_growth_mb_at_load"] = grown
         del model
         save(res, args.json, complete=False)
@@ -221,6 +231,7 @@ def main(argv=None):
     res["cq_packed_mb"] = sum(CqWeight.from_slot(s, "packed").nbytes for s in cactfile.slots
                               if s.dtype == cact.DTYPE_CQ) / 2**20
     at = min(300, cfg.max_seq_len - args.steps - 5)
+    say(f"the reference's one-token forward_cached at position {at}")
     kc, vc = init_kv_cache(cfg, 1, at + 1)
     one = torch.tensor([[5]])
     hist, hv = torch.full((1, at + 1), 5), torch.ones(1, at + 1, dtype=torch.bool)
@@ -228,6 +239,8 @@ def main(argv=None):
     res["reference_one_token_ms"] = median_ms(
         lambda: forward_cached(params, cfg, one, kc, vc, at, hist=hist, hist_valid=hv),
         max(8, args.steps // 4))
+    say("upstream's jitted forward_cached (bench_upstream.py)" if args.upstream_python else
+        "upstream: skipped unless --upstream-python (or cactus-needle here)")
     res["upstream_one_token_ms"], res["upstream_note"] = upstream_ms(args.upstream_python,
                                                                       args.preset, at)
     for p in res["ports"].values():

@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench_decode import check_outputs, save                   # noqa: E402
 from gpu_timing import cpu_sync, median_us                     # noqa: E402
+from ladder.progress import Stages                             # noqa: E402
 from reference.config import V2Config                           # noqa: E402
 
 BACKENDS, DECODES, WEIGHTS = ("torch", "triton"), ("eager", "graph"), ("dense", "cq")
@@ -162,6 +163,7 @@ class Bench:
         self.a, self.cfg, self.dev, self.counts = a, a.cfg, torch.device(a.device), counts
         self.sync = torch.cuda.synchronize if self.dev.type == "cuda" else cpu_sync
         self.reference, self.bases = {}, {}
+        self.say = Stages("bench_gpu_decode")      # one stderr line per stage: never silent
 
     def token(self, pos: int) -> int:
         return (17 * pos) % self.cfg.vocab_size
@@ -170,6 +172,7 @@ class Bench:
         """The model of this weight form, built once; a build that failed is not retried (the
         cq quantiser takes seconds): every configuration of the form reports its exception."""
         if weights not in self.bases:
+            self.say(f"building the {weights} model (--preset {self.a.preset})")
             from port.model import V2Model
             from reference.params import init_params
             torch.manual_seed(0)
@@ -211,6 +214,8 @@ class Bench:
         """torch:eager logits at --warm for this weight form (computed once, untimed; None
         when the torch backend itself fails, whose own row then says why)."""
         if weights not in self.reference:
+            self.say(f"torch:eager:{weights} logits at position {self.a.warm} (the reference "
+                     f"for max |dlogits|)")
             self.reference[weights] = None
             model = self.make_model("torch", "eager", weights)
             state = model.make_state()
@@ -224,10 +229,12 @@ class Bench:
         try:
             model = self.make_model(backend, decode, weights)
             state = model.make_state()
+            self.say(f"{name}: fast-forward to position {self.a.warm}")
             self.warm_up(model, state)
             got = self.logits_at_warm(model, state)
             if backend == "torch" and decode == "eager":
                 self.reference.setdefault(weights, got)
+            self.say(f"{name}: median of {self.a.steps} steps")
             row["ms_per_token"] = self.time_steps(model, state)
             row["status"] = "ok"
         except Exception as e:                       # one broken backend must not hide the rest
@@ -364,11 +371,13 @@ def main(argv=None) -> int:
            "launch_note": launch_note, "rows": {}}
     bench = Bench(a, counts)
     order = sorted(set(a.configs), key=CONFIGS.index)
-    for name in order:
+    for i, name in enumerate(order, 1):
+        bench.say(f"configuration {i}/{len(order)}: {name}")
         res["rows"][name] = bench.run(name)
         print(f"{name}: {res['rows'][name]['status']}", flush=True)
         save(res, a.json, complete=False)
     if a.compile:
+        bench.say("torch.compile anchor: compile and capture (minutes at shipped)")
         r = bench.run_compiled()
         res["rows"][f"{COMPILE_ROW}:{r.pop('weights')}"] = r
         print(f"torch.compile anchor: {r['status']}", flush=True)
@@ -376,6 +385,7 @@ def main(argv=None) -> int:
             print(f"torch.compile anchor: compile and capture took {r['compile_s']:.0f} s")
         save(res, a.json, complete=False)
     if a.upstream_python:
+        bench.say("upstream's jitted forward_cached (bench_upstream.py)")
         res["rows"][f"{UPSTREAM_ROW} (at {a.warm})"] = run_upstream(a.upstream_python,
                                                                     a.preset, a.warm)
         save(res, a.json, complete=False)
