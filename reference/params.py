@@ -171,6 +171,13 @@ _ST_DTYPES = {"F32": (torch.float32, 4), "F64": (torch.float64, 8), "F16": (torc
               "U8": (torch.uint8, 1), "BOOL": (torch.bool, 1)}
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 _MAX_HEADER = 100 * 1024 * 1024
+_MAX_DIM = 2 ** 31 - 1
+
+
+def _brief(v) -> str:
+    """repr(v) cut to 80 characters: a hostile header value may be megabytes long."""
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 def save_params(path, params: dict, cfg: V2Config | None = None, metadata: dict | None = None):
@@ -219,19 +226,24 @@ def _read_header(f, size: int, path: str) -> tuple:
             continue
         if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
             raise ParamsError(f"{path}: tensor {name!r} entry lacks dtype/shape/data_offsets")
-        if info["dtype"] not in _ST_DTYPES:
-            raise ParamsError(f"{path}: tensor {name!r} field dtype={info['dtype']!r} "
+        dtype = info["dtype"]
+        if not isinstance(dtype, str) or dtype not in _ST_DTYPES:   # a list is unhashable
+            raise ParamsError(f"{path}: tensor {name!r} field dtype={_brief(dtype)} "
                               f"is not one of {sorted(_ST_DTYPES)}")
         shape, offs = info["shape"], info["data_offsets"]
+        # A dimension no larger than the data (or 2**31 - 1): a zero-byte tensor of shape
+        # [2**64, 0] fits any byte count but no torch size.
+        max_dim = max(data_len, _MAX_DIM)
         if not (isinstance(shape, list) and len(shape) <= 8
-                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= max_dim
                         for x in shape)):
-            raise ParamsError(f"{path}: tensor {name!r} field shape={shape!r} is invalid "
-                              f"(at most 8 non-negative integers)")
+            raise ParamsError(f"{path}: tensor {name!r} field shape={_brief(shape)} is invalid "
+                              f"(at most 8 integers in 0..{max_dim})")
         if not (isinstance(offs, list) and len(offs) == 2
                 and all(isinstance(x, int) and not isinstance(x, bool) for x in offs)
                 and 0 <= offs[0] <= offs[1]):
-            raise ParamsError(f"{path}: tensor {name!r} field data_offsets={offs!r} is invalid")
+            raise ParamsError(f"{path}: tensor {name!r} field data_offsets={_brief(offs)} is "
+                              f"invalid")
         nbytes = math.prod(shape) * _ST_DTYPES[info["dtype"]][1]
         if offs[1] - offs[0] != nbytes:
             raise ParamsError(f"{path}: tensor {name!r} shape {shape} needs {nbytes} bytes but "
