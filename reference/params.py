@@ -13,7 +13,7 @@ import struct
 import torch
 
 from .config import V2Config
-from .memory_budget import DEFAULT_MAX_MEMORY, check_memory
+from .memory_budget import DEFAULT_MAX_MEMORY, check_memory, stored_terms
 from .safe_io import open_regular, parse_json
 
 BLOCK = "stack/layers/block"
@@ -306,11 +306,25 @@ def check_values(params: dict, where: str) -> None:
         if not t.dtype.is_floating_point:
             raise ParamsError(f"{where}: parameter {key!r} has dtype {t.dtype}; parameters "
                               f"must be floating point (F16, BF16, F32, F64)")
-        bad = ~torch.isfinite(t)
-        if bad.any():
-            k = int(bad.reshape(-1).nonzero()[0])
+        k = first_flat(t, lambda v: ~torch.isfinite(v))
+        if k is not None:
             raise ParamsError(f"{where}: parameter {key!r} value [{k}] (flat index) = "
                               f"{float(t.reshape(-1)[k])} is not finite")
+
+
+SCAN = 1 << 20      # elements per slice of a value scan
+
+
+def first_flat(t: torch.Tensor, test):
+    """The flat index of the first element where `test(slice)` is true, or None. Scans SCAN
+    elements at a time: a whole-tensor mask and its nonzero() (int64, 8 bytes per hit: an
+    all-NaN tensor would need twice its own size) are never made."""
+    flat = t.reshape(-1)
+    for lo in range(0, flat.numel(), SCAN):
+        hit = test(flat[lo:lo + SCAN])
+        if hit.any():
+            return lo + int(hit.reshape(-1).to(torch.uint8).argmax())
+    return None
 
 
 def load_params(path, cfg: V2Config | None = None, max_memory: int | None = None) -> tuple:
@@ -326,8 +340,8 @@ def load_params(path, cfg: V2Config | None = None, max_memory: int | None = None
             raise ParamsError(f"{where}: no needle_config in the metadata; "
                               f"pass the config explicitly")
         cfg = V2Config.from_json(meta["needle_config"], f"{where}: metadata needle_config")
-    check_memory(cfg, budget, where)
     want = param_shapes(cfg, heads=all(f"{k}/probes" in header for k in HEAD_PROBES))
+    check_memory(cfg, budget, where, extra=stored_terms(header, want))
     for key in want:
         info = header.get(key)
         if isinstance(info, dict) and info["dtype"] not in _FLOAT_DTYPES:

@@ -136,3 +136,75 @@ def test_safetensors_dimensions_bounded_and_dtype_a_string_in_every_reader(tmp_p
     path = _st(tmp_path / "t.safetensors", {"t": entry}, b"\0" * entry["data_offsets"][1])
     with pytest.raises(error, match=r"tensor 't' " + msg):
         fn(path)
+
+
+# ---------------------------------------------------------------- 3. what the budget counts
+def test_budget_counts_a_params_file_as_stored(tmp_path):
+    """A float64 parameter file is held as stored (8 bytes a value) beside the float32 copy:
+    a budget the float32 tables fit but the file's tensors do not is refused before reading."""
+    from safetensors.torch import save_file
+    from reference.config import V2Config
+    from reference.memory_budget import MemoryBudgetError, check_memory
+    from reference.params import init_params, load_params
+    cfg = V2Config.preset("tiny")
+    path = str(tmp_path / "p64.safetensors")
+    save_file({k: v.double() for k, v in init_params(cfg, 0).items()}, path,
+              metadata={"needle_config": cfg.to_json()})
+    budget = max(check_memory(cfg), os.path.getsize(path)) + 4096
+    with pytest.raises(MemoryBudgetError, match=r"over the memory budget .* the largest is the "
+                                                r"tensors as stored"):
+        load_params(path, max_memory=budget)
+    assert load_params(path, max_memory=2 * budget)[0]["embedding/embedding"].dtype == \
+        torch.float64
+
+
+def test_budget_counts_the_cact_file_and_its_dequantised_copies(tmp_path):
+    """Reading a .cact holds the file, the slots' copy of it and the dequantised slots beside
+    the parameters: a budget the tables alone fit is refused, naming the term."""
+    from reference.cact import CactFormatError, read_cact
+    from reference.memory_budget import check_memory
+    from reference.cact_check import check_header
+    path = os.path.join(FIXTURES, "cact_w2.cact")
+    cfg = read_cact(path).config
+    header_cfg = check_header(open(path, "rb").read(), path)[1]   # what the budget is of
+    budget = max(check_memory(header_cfg), os.path.getsize(path)) + 4096
+    with pytest.raises(CactFormatError, match=r"over the memory budget of .* \(--max-memory\); "
+                                              r"the largest is the"):
+        read_cact(path, max_memory=budget)
+    assert read_cact(path, max_memory=64 << 20).config == cfg
+
+
+_PEAK = r"""
+import resource, sys, torch
+torch.set_num_threads(1)
+what = sys.argv[1]
+def rss():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+if what == "values":          # 64 MB of NaN: the check must not make an int64 index of each
+    from reference.params import ParamsError, check_values
+    t = torch.full((1 << 24,), float("nan"))
+    before = rss()
+    try:
+        check_values({"w": t}, "x")
+    except ParamsError:
+        pass
+else:                         # a 4096 x 4096 2-bit matrix: 16 MB of codes
+    from reference import cq
+    packed = torch.randint(0, 256, (4096, 1024), dtype=torch.uint8)
+    before = rss()
+    codes = cq.unpack(packed, 2, 4096)
+print(rss() - before)
+"""
+
+
+@pytest.mark.parametrize("what, limit", [("values", 32 << 20), ("unpack", 48 << 20)])
+def test_value_checks_and_cq_unpack_working_copies_are_bounded(what, limit):
+    """The value scan and the CQ unpack used to make whole-tensor int64 copies (an all-NaN
+    tensor's nonzero() is twice its size; unpacking, 17 bytes a weight): the peak they add
+    is now their result and a bounded slice."""
+    import subprocess
+    r = subprocess.run([sys.executable, "-c", _PEAK, what], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr[-2000:]
+    grew = int(r.stdout.split()[-1])
+    assert grew < limit, f"{what}: peak grew {grew >> 20} MiB (limit {limit >> 20} MiB)"
