@@ -208,3 +208,59 @@ def test_value_checks_and_cq_unpack_working_copies_are_bounded(what, limit):
     assert r.returncode == 0, r.stderr[-2000:]
     grew = int(r.stdout.split()[-1])
     assert grew < limit, f"{what}: peak grew {grew >> 20} MiB (limit {limit >> 20} MiB)"
+
+
+# ---------------------------------------------------------------- 4. counts, not only bytes
+@pytest.fixture
+def small_counts(monkeypatch):
+    """The count limits lowered (the real ones take a few seconds of scanning to reach)."""
+    from reference import safe_io
+    monkeypatch.setattr(safe_io, "MAX_CONTAINERS", 3000)
+    monkeypatch.setattr(safe_io, "MAX_ENTRIES", 5000)
+    return 3000, 5000
+
+
+def test_json_and_toml_container_and_entry_counts_are_bounded(small_counts):
+    from reference.safe_io import InputFileError, parse_json, parse_toml
+    MAX_CONTAINERS, MAX_ENTRIES = small_counts
+    n = MAX_CONTAINERS + 10
+    with pytest.raises(InputFileError, match=rf"JSON array or object number {MAX_CONTAINERS + 1} "
+                                             rf"at byte {3 * MAX_CONTAINERS - 2} exceeds the "
+                                             rf"limit of {MAX_CONTAINERS}"):
+        parse_json(b"[" + b"[]," * n + b"[]]", "x")
+    with pytest.raises(InputFileError, match=rf"JSON element number {MAX_ENTRIES + 1} at byte "
+                                             rf"{2 * MAX_ENTRIES} exceeds the limit"):
+        parse_json(b"[" + b"0," * MAX_ENTRIES + b"0]", "x")
+    with pytest.raises(InputFileError, match=rf"TOML array or table number {MAX_CONTAINERS + 1}"):
+        parse_toml(b"a = [" + b"[]," * n + b"[]]", "x")
+    with pytest.raises(InputFileError, match=rf"TOML entry number {MAX_ENTRIES + 1}"):
+        parse_toml(b"a = [" + b"0," * MAX_ENTRIES + b"0]", "x")
+    assert len(parse_json(b"[" + b"[]," * 1000 + b"[]]", "x")) == 1001
+    assert len(parse_json(b'["' + b"," * 10000 + b'"]', "x")[0]) == 10000   # commas in a string
+
+
+def test_safetensors_header_with_many_entries_is_refused_before_parsing(tmp_path,
+                                                                        small_counts):
+    from reference.params import ParamsError, load_safetensors
+    entry = b'{"dtype":"U8","shape":[0],"data_offsets":[0,0]}'
+    head = b"{" + b",".join(b'"t%d":' % i + entry for i in range(2000)) + b"}"
+    path = tmp_path / "many.safetensors"
+    path.write_bytes(struct.pack("<Q", len(head)) + head)
+    with pytest.raises(ParamsError, match=r"header: JSON array or object number 3001 at byte "
+                                          r"[0-9]+ exceeds the limit"):
+        load_safetensors(path)
+
+
+@pytest.mark.parametrize("rules, msg", [
+    ([{"pattern": f"port/p{i}", "rtol": 1e-3} for i in range(600)] + [{"pattern": "*",
+                                                                      "rtol": 1e-3}],
+     r"field 'rules' has 601 rules, over the limit 512"),
+    ([{"pattern": "*" + "a*" * 5000, "rtol": 1e-3}, {"pattern": "*", "rtol": 1e-3}],
+     r"rules\[0\]: field pattern of 10001 characters \('\*a\*a.*exceeds the limit 256"),
+])
+def test_rules_pattern_count_and_length_are_bounded(tmp_path, rules, msg):
+    from ladder.rules import RulesError, load_rules
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"rules": rules}))
+    with pytest.raises(RulesError, match=msg):
+        load_rules(path)
