@@ -154,6 +154,9 @@ def _fixture_flag(args) -> None:
 
 
 def _report_flags(args) -> None:
+    if not args.out.strip():
+        _fail(f"--out {args.out!r}: empty; give the directory to write the report into "
+              f"(default ladder-report)")
     writable_dir("--out", args.out)
     if not args.stem or args.stem in (".", "..") or os.sep in args.stem or \
             (os.altsep and os.altsep in args.stem):
@@ -171,6 +174,10 @@ def _regen_flags(args) -> None:
             _fail("regen: this installed copy has no tests/fixtures/ to write to; give "
                   "--out STEM (or run from a checkout of the repository)")
         args.out = fixtures.default_stem()
+    if not args.out.strip() or os.path.basename(args.out) in ("", ".", ".."):
+        # '' would write the hidden files .json and .safetensors in the working directory
+        _fail(f"--out {args.out!r}: must name a fixture stem, written as STEM.json and "
+              f"STEM.safetensors (e.g. --out /tmp/fx); drop --out for the checkout's own")
     if args.check:
         missing = [p for p in (f"{args.out}.json", f"{args.out}.safetensors")
                    if not os.path.isfile(p)]
