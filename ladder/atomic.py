@@ -7,12 +7,15 @@ link someone left there), flushed and fsynced; only when every one is complete a
 into place. A target that is a directory is refused before anything is renamed; if a rename
 still fails, the targets already replaced get their old contents back (each was moved to a
 backup first) and every temporary file is removed. A failed write (a full disk, a file-size
-limit) raises OutputError, an OSError naming the file, never a library's own error.
+limit) raises OutputError, an OSError naming the file, never a library's own error. Text is
+written as UTF-8, what UTF-8 cannot hold (a lone surrogate) backslash-escaped.
 """
 from __future__ import annotations
 
 import os
 import tempfile
+
+from .safe_print import escaped
 
 
 class OutputError(OSError):
@@ -46,7 +49,7 @@ def write_all(contents: dict) -> list:
                     if callable(body):
                         body(f)
                     else:
-                        f.write(body.encode("utf-8") if isinstance(body, str) else body)
+                        f.write(escaped(body).encode("utf-8") if isinstance(body, str) else body)
                     f.flush()
                     os.fsync(f.fileno())
             except OSError as e:

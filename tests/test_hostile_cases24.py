@@ -334,3 +334,44 @@ def test_empty_out_is_refused(tmp_path, monkeypatch, capsys, argv, flag):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {flag}: ") and err.count("\n") == 1, err
     assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- 6. text and paths
+def test_rule_why_with_a_lone_surrogate_prints_escaped(tmp_path, capsys):
+    """pytest's captured stdout is strict UTF-8, as a UTF-8 terminal is."""
+    path = tmp_path / "r.json"
+    path.write_text('{"rules": {"*": {"rtol": 1e-3, "why": "bad \\ud800 here"}}}')
+    assert ladder_main(["rules", "--rules", str(path)]) == 0
+    assert 'why = "bad \\ud800 here"' in capsys.readouterr().out
+
+
+def _stop(*a, **k):
+    from ladder.cli import LadderInputError
+    raise LadderInputError("stopped after the header")
+
+
+def test_v41_field_with_a_lone_surrogate_prints_escaped(tmp_path, monkeypatch, capsys):
+    import ladder.v41_cli
+    stem = _v41_stem(tmp_path, lambda m: m["official"].update(repo="deepseek\udc80\ud800"))
+    monkeypatch.setattr(ladder.v41_cli, "run_side", _stop)        # the header is the point
+    assert ladder_main(["run", "--model", "attn_v41", "--fixture", stem]) == 2
+    cap = capsys.readouterr()
+    assert "fixture v41 of deepseek\\x80\\ud800 @" in cap.out, cap.out
+    assert cap.err == "error: stopped after the header\n"
+
+
+def test_non_utf8_file_name_prints_escaped(tmp_path, monkeypatch, capsys):
+    import ladder.cli
+    d = os.fsencode(str(tmp_path))
+    stem = os.fsdecode(d + b"/fx\xff")
+    for ext in (".json", ".safetensors"):
+        os.symlink(os.path.join(FIXTURES, "v2_forward_vectors" + ext), stem + ext)
+    monkeypatch.setattr(ladder.cli, "bar", _stop)
+    assert ladder_main(["run", "--fixture", stem]) == 2
+    assert "vs fixture " + str(tmp_path) + "/fx\\xff" in capsys.readouterr().out
+
+
+def test_report_text_with_a_lone_surrogate_is_written_escaped(tmp_path):
+    from ladder.atomic import write_all
+    write_all({tmp_path / "a.md": "why \ud800 \udcff"})
+    assert (tmp_path / "a.md").read_text() == "why \\ud800 \\xff"
