@@ -237,7 +237,7 @@ def load(stem, max_memory: int | None = None) -> Fixture:
     js, st = f"{stem}.json", f"{stem}.safetensors"
     m = read_manifest(js)
     try:
-        cfg = V2Config(**m["config"])
+        cfg = V2Config.from_file_fields(m["config"], None)
     except (ConfigError, TypeError, ValueError) as e:
         raise FixtureError(f"{js}: field config: {e}") from None
     check_memory(cfg, max_memory, f"{js}: field config", error=FixtureError)

@@ -181,12 +181,19 @@ def _brief(v) -> str:
 
 
 def save_params(path, params: dict, cfg: V2Config | None = None, metadata: dict | None = None):
-    from safetensors.torch import save_file
+    """Write a safetensors parameter file. The bytes are serialised first and written by
+    Python, so a full disk or an unwritable path is an OSError, not a safetensors error."""
+    from safetensors.torch import save
     meta = dict(metadata or {})
     if cfg is not None:
         meta["needle_config"] = cfg.to_json()
     tensors = {k: v.detach().contiguous().cpu() for k, v in sorted(params.items())}
-    save_file(tensors, os.fspath(path), metadata=meta)
+    blob = save(tensors, metadata=meta)
+    try:
+        with open(os.fspath(path), "wb") as f:
+            f.write(blob)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write {os.fspath(path)}: {e.strerror}") from None
 
 
 def read_safetensors_header(path, max_bytes: int | None = None) -> tuple:

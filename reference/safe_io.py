@@ -139,9 +139,22 @@ def _finite_float(text):
     return v
 
 
+def _unique_keys(pairs):
+    """A JSON object as a dict, refusing a key given twice (json.loads keeps the last one)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                shown = repr(k) if len(repr(k)) <= 60 else repr(k)[:57] + "..."
+                raise ValueError(f"key {shown} appears twice in one object")
+            seen.add(k)
+    return out
+
+
 def parse_json(raw, where: str, error=InputFileError, base: int = 0):
-    """JSON from bytes or str after the bounds pre-scan. NaN/Infinity (not JSON) and floats
-    that overflow to inf are refused."""
+    """JSON from bytes or str after the bounds pre-scan. NaN/Infinity (not JSON), floats
+    that overflow to inf and an object key given twice are refused."""
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogatepass")
     check_json_bounds(raw, where, error, base=base)
@@ -150,7 +163,8 @@ def parse_json(raw, where: str, error=InputFileError, base: int = 0):
     except UnicodeDecodeError as e:
         raise error(f"{where}: not UTF-8 at byte {base + e.start}") from None
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float,
+                          object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         at = base + len(text[:e.pos].encode("utf-8", "surrogatepass"))
         raise error(f"{where}: malformed JSON at line {e.lineno} column {e.colno} "

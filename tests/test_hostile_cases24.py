@@ -2,6 +2,7 @@
 argument list ending in the project's own error (exit 2, one line, no traceback)."""
 import json
 import os
+import re
 import struct
 import sys
 
@@ -375,3 +376,105 @@ def test_report_text_with_a_lone_surrogate_is_written_escaped(tmp_path):
     from ladder.atomic import write_all
     write_all({tmp_path / "a.md": "why \ud800 \udcff"})
     assert (tmp_path / "a.md").read_text() == "why \\ud800 \\xff"
+
+
+# ---------------------------------------------------------------- 7. arguments
+def _one_line_exit_2(rc, capsys, *parts):
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    for p in parts:
+        assert p in err, err
+
+
+@pytest.mark.parametrize("argv, parts", [
+    (["run", "--device", "meta"], ["--device meta: device type 'meta' is not one the port"]),
+    (["run", "--device", "xpu"], ["--device xpu: device type 'xpu'"]),
+    (["run", "--model", "attn_v41", "--device", "meta"], ["--device meta"]),
+    (["run", "--params", ""], ["--params '': empty path"]),
+    (["run", "--cact", " "], ["--cact ' ': empty path"]),
+    (["run", "--fixture", ""], ["--fixture '': empty path"]),
+    (["run", "--rules", ""], ["--rules '': empty path"]),
+    (["run", "--model", "attn_v41", "--fixture", ""], ["--fixture '': empty path"]),
+])
+def test_ladder_device_and_empty_paths_refused_up_front(capsys, argv, parts):
+    _one_line_exit_2(ladder_main(argv), capsys, *parts)
+
+
+@pytest.mark.parametrize("argv, parts", [
+    (["--seed", str(2 ** 64)], ["--seed 18446744073709551616: outside -2**63..2**64-1"]),
+    (["--seed", str(-2 ** 63 - 1)], ["--seed -9223372036854775809: outside"]),
+    (["--params", ""], ["--params '': empty path"]),
+    (["--save", ""], ["--save '': empty path"]),
+    (["--save", "/nonexistent-dir/p.safetensors"], ["directory /nonexistent-dir does not exist"]),
+    (["--save", "{tmp}"], ["is a directory"]),
+])
+def test_reference_run_refuses_bad_arguments_with_exit_2(tmp_path, capsys, argv, parts):
+    from reference.__main__ import main
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    _one_line_exit_2(main(["run", "--steps", "1", "--prompt-len", "1", *argv]), capsys, *parts)
+
+
+def test_reference_save_failing_is_exit_2_not_a_library_error(tmp_path, capsys):
+    from reference.__main__ import main
+    os.chmod(tmp_path, 0o500)
+    try:
+        if os.access(tmp_path, os.W_OK):          # root: the directory stays writable
+            os.symlink("/proc/version", tmp_path / "p.safetensors")   # unwritable file
+    except OSError:
+        pass
+    try:
+        rc = main(["run", "--steps", "1", "--prompt-len", "1", "--save",
+                   str(tmp_path / "p.safetensors")])
+    finally:
+        os.chmod(tmp_path, 0o700)
+    _one_line_exit_2(rc, capsys, "p.safetensors")
+
+
+def _params_with_config(tmp_path, text):
+    from safetensors.torch import save_file
+    from reference.config import V2Config
+    from reference.params import init_params
+    path = str(tmp_path / "p.safetensors")
+    save_file(init_params(V2Config.preset("tiny"), 0), path, metadata={"needle_config": text})
+    return path
+
+
+def test_confusable_and_duplicate_config_keys_are_refused(tmp_path):
+    from reference.config import ConfigError, V2Config
+    from reference.params import load_params
+    good = V2Config.preset("tiny").to_json()
+    assert good.startswith('{"act_bits"')
+    assert '"kv_window": 8' in good                 # a windowed model; without it, full causal
+    lookalike = good.replace('"kv_window": 8', '"kv_w\u0456ndow": 8')       # Cyrillic i
+    with pytest.raises(ConfigError, match=r"needle_config: unknown field 'kv_w\u0456ndow' \(did "
+                                          r"you mean 'kv_window'\?\)"):
+        load_params(_params_with_config(tmp_path, lookalike))
+    dup = good.replace('"kv_window": 8', '"kv_window": 8, "kv_window": 0')
+    with pytest.raises(ConfigError, match=r"key 'kv_window' appears twice in one object"):
+        load_params(_params_with_config(tmp_path, dup))
+    with pytest.raises(ConfigError, match=r"unknown field 'kv_window '"):
+        V2Config.from_json(good.replace('"kv_window"', '"kv_window "'))
+
+
+def test_fixture_config_with_a_lookalike_key_is_refused(tmp_path):
+    from ladder import fixtures
+    m = json.load(open(os.path.join(FIXTURES, "v2_forward_vectors.json")))
+    m["config"]["kv_windows"] = m["config"].pop("kv_window")
+    (tmp_path / "fx.json").write_text(json.dumps(m))
+    os.symlink(os.path.join(FIXTURES, "v2_forward_vectors.safetensors"),
+               tmp_path / "fx.safetensors")
+    with pytest.raises(fixtures.FixtureError, match=r"field config: unknown field 'kv_windows' "
+                                                    r"\(did you mean 'kv_window'\?\)"):
+        fixtures.load(tmp_path / "fx")
+
+
+@pytest.mark.parametrize("theta", [1e-30, 0.5, 1e31])
+def test_tiny_or_huge_rope_theta_is_a_config_error(tmp_path, theta, capsys):
+    from reference.__main__ import main
+    from reference.config import ConfigError, V2Config
+    with pytest.raises(ConfigError, match=re.escape(f"rope_theta={theta!r} outside 1..1e30")):
+        V2Config.preset("tiny").replace(rope_theta=theta)
+    text = json.dumps(dict(V2Config.preset("tiny").to_dict(), rope_theta=theta))
+    rc = main(["run", "--steps", "1", "--prompt-len", "1", "--params",
+               _params_with_config(tmp_path, text)])
+    _one_line_exit_2(rc, capsys, f"rope_theta={theta!r} outside 1..1e30")
