@@ -478,3 +478,26 @@ def test_tiny_or_huge_rope_theta_is_a_config_error(tmp_path, theta, capsys):
     rc = main(["run", "--steps", "1", "--prompt-len", "1", "--params",
                _params_with_config(tmp_path, text)])
     _one_line_exit_2(rc, capsys, f"rope_theta={theta!r} outside 1..1e30")
+
+
+# ---------------------------------------------------------------- 8. the tokenizer API
+def _no_byte_pieces(byte_fallback=True):
+    from reference.tokenizer import Tokenizer
+    pieces = ["<pad>", "</s>", "<s>", "<unk>", "\u2581a", "a", "b"]
+    return Tokenizer(pieces, [0.0] * 7, [2, 2, 2, 1, 0, 0, 0], byte_fallback=byte_fallback)
+
+
+def test_byte_fallback_without_byte_pieces_is_the_tokenizer_error():
+    from reference.tokenizer import Tokenizer, TokenizerFormatError
+    tok = _no_byte_pieces()
+    assert tok.encode("ab") == [4, 6]
+    with pytest.raises(TokenizerFormatError, match=r"byte_fallback: byte 0x7A of 'z' has no "
+                                                   r"<0x7A> piece") as e:
+        tok.encode("az")
+    assert e.value.field == "byte_fallback"
+    # at load: a blob that claims byte fallback without the 256 BYTE pieces is refused
+    with pytest.raises(TokenizerFormatError, match=r"byte_fallback=1 but 256 of the 256 <0xHH> "
+                                                   r"BYTE pieces are missing") as e:
+        Tokenizer.from_blob(tok.to_blob())
+    assert (e.value.field, e.value.offset) == ("byte_fallback", 21)
+    assert Tokenizer.from_blob(_no_byte_pieces(False).to_blob()).encode("az") == [4, 3]
