@@ -69,6 +69,7 @@ def load_fixture(stem: str = DEFAULT_STEM, max_memory: int | None = None):
     except (V41ConfigError, TypeError, ValueError) as e:
         raise V41FixtureError(f"{paths[0]}: model_args: {e}") from None
     _check_calls(man["calls"], args, paths[0])
+    _check_labels(man, paths[0])
     check_v41_memory(args, man["calls"], max_memory, f"{paths[0]}: model_args")
     raw, _ = load_safetensors(paths[1], MAX_FIXTURE, error=V41FixtureError)
     weights = {k[2:]: v for k, v in raw.items() if k.startswith("w/")}
@@ -122,6 +123,19 @@ def _check_calls(calls, a: V41Args, where: str) -> None:
         if c["start_pos"] > 0 and c["m"] != 1:
             raise V41FixtureError(f"{where}: calls[{i}] start_pos={c['start_pos']} > 0 takes "
                                   f"one token (a decode step), not m={c['m']}")
+
+
+def _check_labels(man: dict, where: str) -> None:
+    """The fields the run prints: `official` maps names to strings (or null), `scenarios`
+    (optional) is a list of objects with a string `name`."""
+    for k, v in man["official"].items():
+        if v is not None and not isinstance(v, str):
+            raise V41FixtureError(f"{where}: official field {k}={_short(v)} must be a string")
+    sc = man.get("scenarios", [])
+    if not isinstance(sc, list) or len(sc) > MAX_CALLS or not all(
+            isinstance(x, dict) and isinstance(x.get("name"), str) for x in sc):
+        raise V41FixtureError(f"{where}: manifest field 'scenarios' must be a list of at most "
+                              f"{MAX_CALLS} objects with a string 'name'")
 
 
 def weight_shapes(a: V41Args, layer: int) -> dict:

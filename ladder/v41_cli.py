@@ -58,8 +58,8 @@ def compare_run(args, out=print):
     man, rec, w = load_fixture(stem, getattr(args, "max_memory", None))
     off, ma = man["official"], man["model_args"]
     out(f"needle-parity ladder, model attn_v41: fixture {os.path.basename(stem)} of "
-        f"{off.get('repo')} @ {off.get('revision', '')[:12]} (model.py sha256 "
-        f"{off.get('sha256', '')[:16]}..., {off.get('used')})")
+        f"{off.get('repo')} @ {(off.get('revision') or '')[:12]} (model.py sha256 "
+        f"{(off.get('sha256') or '')[:16]}..., {off.get('used')})")
     make_port = lambda decode="eager": Port(ma, w, backend=args.backend, decode=decode,  # noqa
                                             device=args.device)
     make_ref = lambda: Ref(ma, w)  # noqa: E731
@@ -79,7 +79,7 @@ def compare_run(args, out=print):
                   f"port ({args.backend}, eager, {args.device})", "reference")
     td = time.perf_counter()
     info = {"model": f"attn_v41, fixture {os.path.basename(stem)}",
-            "official": f"{off.get('repo')} @ {off.get('revision', '')[:12]}",
+            "official": f"{off.get('repo')} @ {(off.get('revision') or '')[:12]}",
             "reference vs official": f"{len(official.rows) - len(official.failures)}/"
                                     f"{len(official.rows)} points pass",
             "port": f"{args.backend} on {args.device}, eager",

@@ -67,6 +67,10 @@ def _call(i, **kw):
     (_call(1, key="c000"), r"calls\[1\] field key='c000' repeats an earlier call's key"),
     (lambda m: m.update(calls=m["calls"] * 100), r"'calls' has 4800 entries, over the limit "
                                                  r"4096"),
+    (lambda m: m["official"].update(revision=12), r"official field revision=12 must be a string"),
+    (lambda m: m["scenarios"][0].pop("name"), r"'scenarios' must be a list of at most 4096 "
+                                              r"objects with a string 'name'"),
+    (lambda m: m.update(scenarios={"p1": 1}), r"'scenarios' must be a list"),
 ])
 def test_v41_fixture_model_args_and_calls_are_typed_ranged_and_budgeted(tmp_path, edit, msg):
     stem = _v41_stem(tmp_path, edit)
