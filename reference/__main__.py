@@ -58,12 +58,15 @@ def run(args) -> int:
     _check_paths(args)
     torch.manual_seed(args.seed)
     params, cfg = _model(args)
-    if args.save:
-        save_params(args.save, params, cfg)
+    if args.window is not None and args.window > cfg.max_seq_len:
+        raise DecodeInputError(f"--window {args.window}: must lie in 0..max_seq_len="
+                               f"{cfg.max_seq_len} (0: full causal)")
     window = cfg.kv_window if args.window is None else args.window
     n = args.prompt_len + args.steps
     if n > cfg.max_seq_len:
         raise DecodeInputError(f"prompt_len + steps = {n} exceeds max_seq_len={cfg.max_seq_len}")
+    if args.save:                       # after every check: a refused run writes nothing
+        save_params(args.save, params, cfg)
     g = torch.Generator().manual_seed(args.seed)
     tokens = torch.randint(1, cfg.vocab_size, (1, n), generator=g)
     print(f"needle v2 reference: d={cfg.d_model} L={cfg.num_layers} H={cfg.num_heads}/"

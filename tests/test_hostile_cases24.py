@@ -411,6 +411,8 @@ def test_ladder_device_and_empty_paths_refused_up_front(capsys, argv, parts):
     (["--save", ""], ["--save '': empty path"]),
     (["--save", "/nonexistent-dir/p.safetensors"], ["directory /nonexistent-dir does not exist"]),
     (["--save", "{tmp}"], ["is a directory"]),
+    (["--window", str(10 ** 23)], ["--window 100000000000000000000000: must lie in 0..max_seq_len"
+                                   "=64"]),
 ])
 def test_reference_run_refuses_bad_arguments_with_exit_2(tmp_path, capsys, argv, parts):
     from reference.__main__ import main
