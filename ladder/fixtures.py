@@ -175,8 +175,8 @@ def write(stem, tensors: dict, manifest: dict) -> tuple:
     os.makedirs(os.path.dirname(os.path.abspath(st_path)), exist_ok=True)
     # One metadata key: safetensors keeps metadata in a hash map, so several keys could be
     # written in any order and the bytes would change between runs.
-    blob = save({k: v for k, v in sorted(tensors.items())},
-                metadata={"needle_fixture": f"schema {SCHEMA}; manifest: the .json of the same stem"})
+    meta = {"needle_fixture": f"schema {SCHEMA}; manifest: the .json of the same stem"}
+    blob = save({k: v for k, v in sorted(tensors.items())}, metadata=meta)
     write_all({st_path: blob, js_path: json.dumps(manifest, indent=1, sort_keys=True) + "\n"})
     return st_path, js_path
 

@@ -43,10 +43,10 @@ def _call(i, **kw):
     (_ma(index_topk=-1), r"index_topk=-1 \(int\) must be an integer in 0\.\.2147483647"),
     (_ma(original_seq_len=2 ** 40), r"original_seq_len=1099511627776 \(int\) must be an int"),
     (_ma(candidate_block_size="2"), r"candidate_block_size='2' \(str\) must be an integer"),
-    (_ma(compress_ratios="00221111"), r"compress_ratios='00221111' must be a list of at most"),
+    (_ma(compress_ratios="00221111"), r"compress_ratios=.00221111. must be a sequence of at most"),
     (_ma(compress_ratios=[0, 0, 2.5, 2, 1, 1, 1, 1]), r"compress_ratios=\[0, 0, 2\.5,"),
-    (_ma(kv_source_layers=[2, 4] * 3000), r"kv_source_layers=\[2, 4, 2, .*\.\.\. must be a list "
-                                          r"of at most 4096"),
+    (_ma(kv_source_layers=[2, 4] * 3000), r"kv_source_layers=\[2, 4, 2, .*\.\.\. must be a "
+                                          r"sequence of at most 4096"),
     (_ma(max_seq_len=2 ** 31 - 1), r"implies .* over the memory budget of 2\.00 GiB "
                                    r"\(--max-memory\); the largest is the .* max_seq_len="
                                    r"2147483647"),

@@ -129,7 +129,7 @@ class V41Args:
                 # strict: a string would iterate its characters, a float would truncate
                 if not (isinstance(v, (list, tuple)) and len(v) <= MAX_LIST
                         and all(_is_int(x) and abs(x) <= MAX_INT for x in v)):
-                    raise V41ConfigError(f"{f.name}={_short(v)} must be a list of at most "
+                    raise V41ConfigError(f"{f.name}={_short(v)} must be a sequence of at most "
                                          f"{MAX_LIST} integers in -{MAX_INT}..{MAX_INT}")
                 v = tuple(v)
             vals[f.name] = v
