@@ -13,7 +13,7 @@ from ladder.cli import main as ladder_main
 from ladder.v41 import DEFAULT_STEM as V41_STEM, V41FixtureError, load_fixture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
 
 def _v41_stem(tmp_path, edit):
