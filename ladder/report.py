@@ -121,19 +121,27 @@ def markdown(cmp: Comparison, loc=None, info: dict | None = None) -> str:
 
 
 def write_report(cmp: Comparison, out_dir, loc=None, info: dict | None = None,
-                 stem: str = "ladder", plot_backend="auto") -> dict:
+                 stem: str = "ladder", plot_backend="auto", also: dict | None = None) -> dict:
     """Write {stem}.md, {stem}.csv (every row, every column) and {stem}.html; their paths.
 
     Everything is rendered first and written to temporary files beside the targets, which
     are renamed into place only when all three exist (ladder/atomic.py): a failure (no
     matplotlib for PNG, a full disk, a target that is a directory) leaves no partial or empty
-    report behind, and earlier reports of the same stem as they were."""
+    report behind, and earlier reports of the same stem as they were. `also`: more
+    {path: text} (another report's render_report) written in the same all-or-nothing step."""
+    from .atomic import write_all
+    files, paths = render_report(cmp, out_dir, loc, info, stem, plot_backend)
+    os.makedirs(out_dir, exist_ok=True)
+    write_all({**files, **(also or {})})
+    return paths
+
+
+def render_report(cmp: Comparison, out_dir, loc=None, info: dict | None = None,
+                  stem: str = "ladder", plot_backend="auto") -> tuple:
+    """({path: text} of the three files, {ext: path}), nothing written."""
     page = html(cmp, loc, info, plot_backend)
     text = markdown(cmp, loc, info)
-    from .atomic import write_all
-    os.makedirs(out_dir, exist_ok=True)
     paths = {ext: os.path.join(out_dir, f"{stem}.{ext}") for ext in ("md", "csv", "html")}
     csv = io.StringIO()
     to_csv(frame(cmp), csv)
-    write_all({paths["md"]: text, paths["csv"]: csv.getvalue(), paths["html"]: page})
-    return paths
+    return {paths["md"]: text, paths["csv"]: csv.getvalue(), paths["html"]: page}, paths

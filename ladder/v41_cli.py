@@ -139,13 +139,15 @@ def cmd_locate(args, out=print) -> int:
 
 
 def cmd_report(args, out=print) -> int:
-    from .report import write_report
+    from .report import render_report, write_report
     cmp, official, ctx, info = compare_run(args, out)
     loc = _locate(cmp, ctx)
-    paths = write_report(cmp, args.out, loc, info, stem=args.stem, plot_backend=args.plot)
-    # the reference against DeepSeek's own code, in the same three forms beside it
-    paths_off = write_report(official, args.out, None, info, stem=f"{args.stem}-official",
-                             plot_backend=args.plot)
+    # the reference against DeepSeek's own code, in the same three forms beside it; all six
+    # files land together or none does
+    files_off, paths_off = render_report(official, args.out, None, info,
+                                         stem=f"{args.stem}-official", plot_backend=args.plot)
+    paths = write_report(cmp, args.out, loc, info, stem=args.stem, plot_backend=args.plot,
+                         also=files_off)
     out(str(official))
     out(str(cmp))
     for p in [*paths.values(), *paths_off.values()]:

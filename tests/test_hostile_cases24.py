@@ -513,3 +513,28 @@ def test_byte_fallback_without_byte_pieces_is_the_tokenizer_error():
         Tokenizer.from_blob(tok.to_blob())
     assert (e.value.field, e.value.offset) == ("byte_fallback", 21)
     assert Tokenizer.from_blob(_no_byte_pieces(False).to_blob()).encode("az") == [4, 3]
+
+
+def test_v41_report_writes_its_six_files_together(tmp_path, monkeypatch):
+    """The V4.1 report is two reports (port vs reference, reference vs official): a failure
+    on the second leaves neither, where the first used to be written already."""
+    import argparse
+    import ladder.v41_cli as v41_cli
+    from ladder.atomic import OutputError
+    from ladder.compare import compare_ladders
+    from ladder.rules import Rule, RuleSet
+    from ladder.trace import Ladder, schedule
+    steps = schedule([1, 2, 3], 1)
+    values = {f"{st.name}/L00.x": torch.ones(len(st.tokens), 4) for st in steps}
+    cmp = compare_ladders(Ladder(steps, values, "port"), Ladder(steps, values, "ref"),
+                          RuleSet(rules={"port/*": Rule(1e-3)}))
+    monkeypatch.setattr(v41_cli, "compare_run", lambda args, out: (cmp, cmp, {}, {}))
+    monkeypatch.setattr(v41_cli, "_locate", lambda cmp, ctx: None)
+    args = argparse.Namespace(out=str(tmp_path), stem="v41", plot="svg")
+    os.mkdir(tmp_path / "v41-official.html")
+    with pytest.raises(OutputError, match=r"v41-official\.html: it is a directory"):
+        v41_cli.cmd_report(args, out=lambda *a: None)
+    assert os.listdir(tmp_path) == ["v41-official.html"]
+    os.rmdir(tmp_path / "v41-official.html")
+    assert v41_cli.cmd_report(args, out=lambda *a: None) == 0
+    assert len(os.listdir(tmp_path)) == 6
