@@ -28,6 +28,12 @@ def _fail(path: str, e: BaseException):
                                                       f"was written") from None
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_all(contents: dict) -> list:
     """Write every {path: bytes | str | callable(binary file)} or none of them; the paths."""
     paths = [os.fspath(p) for p in contents]
@@ -45,6 +51,7 @@ def write_all(contents: dict) -> list:
                 _fail(p, e)
             tmps[p] = tmp
             try:
+                os.fchmod(fd, 0o666 & ~_umask())    # mkstemp's 0600 is not what open() gives
                 with os.fdopen(fd, "wb") as f:
                     if callable(body):
                         body(f)

@@ -334,6 +334,9 @@ def test_report_is_all_or_nothing(tmp_path):
     assert sorted(os.path.basename(p) for p in write_report(cmp, tmp_path,
                                                             plot_backend="svg").values()) == \
         ["ladder.csv", "ladder.html", "ladder.md"]
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert os.stat(tmp_path / "ladder.md").st_mode & 0o777 == 0o666 & ~mask   # as open() makes
 
 
 @pytest.mark.parametrize("argv, flag", [(["regen", "--out", ""], "--out ''"),
