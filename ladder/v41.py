@@ -197,6 +197,7 @@ def implied_bytes(a: V41Args, calls) -> dict:
     ratios = [a.compress_ratios[i] for i in a.kv_sources]
     cache_rows = sum(a.max_seq_len // r for r in ratios if r)
     m = max(c["m"] for c in calls)
+    span = max(c["start_pos"] + c["m"] for c in calls)
     sel = a.window_size + a.index_topk      # the rows one query gathers
     return {
         "RoPE tables": (runtimes * 2 * a.max_seq_len * (a.rope_head_dim // 2) * 16,
@@ -208,8 +209,8 @@ def implied_bytes(a: V41Args, calls) -> dict:
         "output rows": (runtimes * a.max_seq_len * a.dim * bf, "max_seq_len/dim"),
         "attention tiles": (m * sel * a.n_heads * a.head_dim * 4 * 4,
                             "window_size/index_topk/n_heads/head_dim"),
-        "index scores": (m * cache_rows * a.index_n_heads * 4 * 4,
-                         "index_n_heads/max_seq_len/compress_ratios"),
+        # a query scores the keys of the positions written so far: (start_pos + m) // ratio
+        "index scores": (m * span * a.index_n_heads * 4 * 4, "index_n_heads/max_seq_len"),
     }
 
 
