@@ -127,6 +127,7 @@ def _port_flags(args) -> None:
     if dev.type == "cuda" and not torch.cuda.is_available():
         _fail(f"--device {args.device}: torch.cuda.is_available() is False here (torch "
               f"{torch.__version__}); use --device cpu")
+    _device_kind(args)
     if args.backend == "native":
         if dev.type != "cpu" or args.decode != "eager":
             _fail(f"--backend native runs on the CPU, eagerly (got --device {args.device} "
@@ -156,6 +157,9 @@ def _fixture_flag(args) -> None:
 
 
 def _report_flags(args) -> None:
+    if not args.out.strip():
+        _fail(f"--out {args.out!r}: empty; give the directory to write the report into "
+              f"(default ladder-report)")
     writable_dir("--out", args.out)
     if not args.stem or args.stem in (".", "..") or os.sep in args.stem or \
             (os.altsep and os.altsep in args.stem):
@@ -185,6 +189,10 @@ def _regen_flags(args) -> None:
             _fail("regen: this installed copy has no tests/fixtures/ to write to; give "
                   "--out STEM (or run from a checkout of the repository)")
         args.out = fixtures.default_stem()
+    if not args.out.strip() or os.path.basename(args.out) in ("", ".", ".."):
+        # '' would write the hidden files .json and .safetensors in the working directory
+        _fail(f"--out {args.out!r}: must name a fixture stem, written as STEM.json and "
+              f"STEM.safetensors (e.g. --out /tmp/fx); drop --out for the checkout's own")
     if args.check:
         missing = [p for p in (f"{args.out}.json", f"{args.out}.safetensors")
                    if not os.path.isfile(p)]
@@ -209,8 +217,33 @@ def _regen_flags(args) -> None:
                       f"overwrite it")
 
 
+def _empty_paths(args) -> None:
+    """A path flag given as '' (or blanks): refused, not read as absent (an empty --params
+    would silently run the preset, an empty --fixture the default fixture)."""
+    for flag, dest in (("--params", "params"), ("--cact", "cact"), ("--fixture", "fixture"),
+                       ("--rules", "rules")):
+        v = getattr(args, dest, None)
+        if isinstance(v, str) and not v.strip():
+            _fail(f"{flag} {v!r}: empty path; give a file, or drop {flag}")
+
+
+def _device_kind(args) -> None:
+    """A device torch knows but the port does not run on (meta, xpu, mps...) or a CUDA index
+    past the devices here: refused now, not after the run has started."""
+    import torch
+    dev = torch.device(args.device)
+    if dev.type not in ("cpu", "cuda"):
+        _fail(f"--device {args.device}: device type {dev.type!r} is not one the port runs on "
+              f"(cpu, cuda, cuda:N)")
+    if dev.type == "cuda" and dev.index is not None and torch.cuda.is_available() and \
+            dev.index >= torch.cuda.device_count():
+        _fail(f"--device {args.device}: index {dev.index} outside 0.."
+              f"{torch.cuda.device_count() - 1}, the CUDA devices here")
+
+
 def check(args) -> None:
     """Every flag that can be judged before the model is loaded."""
+    _empty_paths(args)
     if getattr(args, "rules", None):
         input_file("--rules", args.rules, "a .toml or .json rules file (see `ladder rules`)")
     if args.cmd == "rules":

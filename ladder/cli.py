@@ -488,6 +488,8 @@ def _with_fault(cmd, args, out) -> int:
 
 
 def main(argv=None, out=print) -> int:
+    from .safe_print import safe_print
+    out = safe_print if out is print else out       # file text: escaped, never a crash
     args = parser().parse_args(argv)
     from . import compare_cli
     cmd = {"run": cmd_run, "locate": cmd_locate, "report": cmd_report, "regen": cmd_regen,
@@ -508,8 +510,8 @@ def main(argv=None, out=print) -> int:
             return _with_fault(cmd, args, out)
         return cmd(args, out)
     except TraceError as e:
-        print(f"divergence: {e}", file=sys.stderr)
+        safe_print(f"divergence: {e}", file=sys.stderr)
         return 1
     except _input_errors() as e:
-        print(f"error: {e}", file=sys.stderr)
+        safe_print(f"error: {e}", file=sys.stderr)
         return 2

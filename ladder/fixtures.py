@@ -174,18 +174,17 @@ def build(params, cfg: V2Config, tokens, prompt_len: int, *, params_source: dict
 
 
 def write(stem, tensors: dict, manifest: dict) -> tuple:
-    """Write {stem}.safetensors and {stem}.json (temp files, then renamed into place)."""
-    from safetensors.torch import save_file
+    """Write {stem}.safetensors and {stem}.json, both or neither (ladder/atomic.py: temp files
+    renamed into place together; a full disk raises OutputError and leaves nothing)."""
+    from safetensors.torch import save
+    from .atomic import write_all
     st_path, js_path = f"{stem}.safetensors", f"{stem}.json"
     os.makedirs(os.path.dirname(os.path.abspath(st_path)), exist_ok=True)
     # One metadata key: safetensors keeps metadata in a hash map, so several keys could be
     # written in any order and the bytes would change between runs.
-    save_file({k: v for k, v in sorted(tensors.items())}, st_path + ".tmp",
-              metadata={"needle_fixture": f"schema {SCHEMA}; manifest: the .json of the same stem"})
-    with open(js_path + ".tmp", "w", encoding="utf-8", newline="\n") as f:
-        f.write(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    os.replace(st_path + ".tmp", st_path)
-    os.replace(js_path + ".tmp", js_path)
+    meta = {"needle_fixture": f"schema {SCHEMA}; manifest: the .json of the same stem"}
+    blob = save({k: v for k, v in sorted(tensors.items())}, metadata=meta)
+    write_all({st_path: blob, js_path: json.dumps(manifest, indent=1, sort_keys=True) + "\n"})
     return st_path, js_path
 
 
@@ -330,7 +329,7 @@ def load(stem, max_memory: int | None = None) -> Fixture:
                                f"stand in for the reference (make one with `python -m ladder "
                                f"regen --out STEM`)")
     try:
-        cfg = V2Config(**m["config"])
+        cfg = V2Config.from_file_fields(m["config"], None)
     except (ConfigError, TypeError, ValueError) as e:
         raise FixtureError(f"{js}: field config: {e}") from None
     check_memory(cfg, max_memory, f"{js}: field config", error=FixtureError)

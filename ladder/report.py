@@ -8,6 +8,7 @@ each point with their reasons, and every (step, point) row.
 from __future__ import annotations
 
 import base64
+import io
 import os
 from html import escape
 
@@ -125,27 +126,27 @@ def markdown(cmp: Comparison, loc=None, info: dict | None = None) -> str:
 
 
 def write_report(cmp: Comparison, out_dir, loc=None, info: dict | None = None,
-                 stem: str = "ladder", plot_backend="auto") -> dict:
+                 stem: str = "ladder", plot_backend="auto", also: dict | None = None) -> dict:
     """Write {stem}.md, {stem}.csv (every row, every column) and {stem}.html; their paths.
 
     Everything is rendered first and written to temporary files beside the targets, which
-    are renamed into place only when all three exist: a failure (no matplotlib for PNG, a
-    full disk) leaves no partial or empty report behind."""
+    are renamed into place only when all three exist (ladder/atomic.py): a failure (no
+    matplotlib for PNG, a full disk, a target that is a directory) leaves no partial or empty
+    report behind, and earlier reports of the same stem as they were. `also`: more
+    {path: text} (another report's render_report) written in the same all-or-nothing step."""
+    from .atomic import write_all
+    files, paths = render_report(cmp, out_dir, loc, info, stem, plot_backend)
+    os.makedirs(out_dir, exist_ok=True)
+    write_all({**files, **(also or {})})
+    return paths
+
+
+def render_report(cmp: Comparison, out_dir, loc=None, info: dict | None = None,
+                  stem: str = "ladder", plot_backend="auto") -> tuple:
+    """({path: text} of the three files, {ext: path}), nothing written."""
     page = html(cmp, loc, info, plot_backend)
     text = markdown(cmp, loc, info)
-    os.makedirs(out_dir, exist_ok=True)
     paths = {ext: os.path.join(out_dir, f"{stem}.{ext}") for ext in ("md", "csv", "html")}
-    tmp = {ext: f"{p}.tmp{os.getpid()}" for ext, p in paths.items()}
-    try:
-        with open(tmp["md"], "w", encoding="utf-8") as f:
-            f.write(text)
-        to_csv(frame(cmp), tmp["csv"])
-        with open(tmp["html"], "w", encoding="utf-8") as f:
-            f.write(page)
-        for ext in paths:
-            os.replace(tmp[ext], paths[ext])
-    finally:
-        for p in tmp.values():
-            if os.path.exists(p):
-                os.unlink(p)
-    return paths
+    csv = io.StringIO()
+    to_csv(frame(cmp), csv)
+    return {paths["md"]: text, paths["csv"]: csv.getvalue(), paths["html"]: page}, paths

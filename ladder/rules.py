@@ -28,6 +28,8 @@ MAX_RULES_FILE = 1024 * 1024        # a rules file is a few hundred bytes; refus
 # Largest rtol/atol/tie_factor: 1000 already passes any comparison, and a bound keeps the KL
 # bound (allowance^2 / 2, in float64) finite for every float32 logit scale.
 MAX_TOLERANCE = 1e3
+MAX_RULES = 512      # patterns in one rules file (the defaults have a few dozen)
+MAX_PATTERN = 256    # characters in one pattern (a point name is under 64)
 COMPARED_SIDES = ("port", "arbiter")   # point-name prefixes the ladder compares (compare.py)
 V41_SIDES = ("v41_official", "v41_port")  # the same for --model attn_v41 (ladder/v41_cli.py)
 
@@ -403,11 +405,17 @@ def rules_from_dict(data, source: str = "<dict>") -> RuleSet:
                for p, v in raw.items()]
     if not isinstance(raw, list) or not raw:
         raise RulesError(f"{source}: field 'rules' must be a non-empty list of rules")
+    if len(raw) > MAX_RULES:        # every point is matched against every pattern in turn
+        raise RulesError(f"{source}: field 'rules' has {len(raw)} rules, over the limit "
+                         f"{MAX_RULES}")
     rules = {}
     for i, item in enumerate(raw):
         where = f"{source}: rules[{i}]"
         if not isinstance(item, dict) or not isinstance(item.get("pattern"), str):
             raise RulesError(f"{where}: needs a string field 'pattern'")
+        if len(item["pattern"]) > MAX_PATTERN:   # fnmatch's work grows with its length
+            raise RulesError(f"{where}: field pattern of {len(item['pattern'])} characters "
+                             f"({item['pattern'][:40]!r}...) exceeds the limit {MAX_PATTERN}")
         body = {k: v for k, v in item.items() if k != "pattern"}
         if item["pattern"] in rules:
             raise RulesError(f"{where}: pattern {item['pattern']!r} repeats an earlier rule")

@@ -10,7 +10,8 @@ report  markdown, CSV and HTML (with the error-growth plot) of port vs reference
         three of reference vs official beside them ({stem}-official.*)
 
 Options that apply: --fixture, --backend torch|triton, --device, --rules (patterns
-"v41_official/L*.name" and "v41_port/L*.name"), --per-step, and report's --out, --stem,
+"v41_official/L*.name" and "v41_port/L*.name"), --per-step, --max-memory (the budget the
+fixture's geometry is held to, ladder/v41.py's implied_bytes), and report's --out, --stem,
 --plot. Any other option (they describe a needle v2 run; --fine picks points outside the
 coarse ladder, and every V4.1 point is shown already) is refused with exit 2.
 """
@@ -29,7 +30,7 @@ NOT_FOR_V41 = {"preset": "--preset", "params": "--params", "cact": "--cact", "se
                "prompt_len": "--prompt-len", "steps": "--steps", "window": "--window",
                "weights": "--weights", "bits_map": "--bits-map", "decode": "--decode",
                "no_check_plain": "--no-check-plain", "fine": "--fine", "plant": "--plant",
-               "list_faults": "--list-faults", "max_memory": "--max-memory"}
+               "list_faults": "--list-faults"}
 
 
 def refuse_other_options(args, argv, defaults) -> None:
@@ -41,7 +42,8 @@ def refuse_other_options(args, argv, defaults) -> None:
         if named or getattr(args, dest, None) != getattr(defaults, dest, None):
             raise V41FixtureError(f"{flag} does not apply to --model attn_v41 (it reads the "
                                   f"fixture's own calls and weights; options: --fixture, "
-                                  f"--backend, --device, --rules, --per-step)")
+                                  f"--backend, --device, --rules, --per-step, "
+                                  f"--max-memory)")
 
 
 def compare_run(args, out=print):
@@ -53,11 +55,11 @@ def compare_run(args, out=print):
     t0 = time.perf_counter()
     rules = load_rules(args.rules, V41_SIDES) if args.rules else V41_RULESET
     stem = args.fixture or DEFAULT_STEM
-    man, rec, w = load_fixture(stem)
+    man, rec, w = load_fixture(stem, getattr(args, "max_memory", None))
     off, ma = man["official"], man["model_args"]
     out(f"needle-parity ladder, model attn_v41: fixture {os.path.basename(stem)} of "
-        f"{off.get('repo')} @ {off.get('revision', '')[:12]} (model.py sha256 "
-        f"{off.get('sha256', '')[:16]}..., {off.get('used')})")
+        f"{off.get('repo')} @ {(off.get('revision') or '')[:12]} (model.py sha256 "
+        f"{(off.get('sha256') or '')[:16]}..., {off.get('used')})")
     make_port = lambda decode="eager": Port(ma, w, backend=args.backend, decode=decode,  # noqa
                                             device=args.device)
     make_ref = lambda: Ref(ma, w)  # noqa: E731
@@ -77,7 +79,7 @@ def compare_run(args, out=print):
                   f"port ({args.backend}, eager, {args.device})", "reference")
     td = time.perf_counter()
     info = {"model": f"attn_v41, fixture {os.path.basename(stem)}",
-            "official": f"{off.get('repo')} @ {off.get('revision', '')[:12]}",
+            "official": f"{off.get('repo')} @ {(off.get('revision') or '')[:12]}",
             "reference vs official": f"{len(official.rows) - len(official.failures)}/"
                                     f"{len(official.rows)} points pass",
             "port": f"{args.backend} on {args.device}, eager",
@@ -137,13 +139,15 @@ def cmd_locate(args, out=print) -> int:
 
 
 def cmd_report(args, out=print) -> int:
-    from .report import write_report
+    from .report import render_report, write_report
     cmp, official, ctx, info = compare_run(args, out)
     loc = _locate(cmp, ctx)
-    paths = write_report(cmp, args.out, loc, info, stem=args.stem, plot_backend=args.plot)
-    # the reference against DeepSeek's own code, in the same three forms beside it
-    paths_off = write_report(official, args.out, None, info, stem=f"{args.stem}-official",
-                             plot_backend=args.plot)
+    # the reference against DeepSeek's own code, in the same three forms beside it; all six
+    # files land together or none does
+    files_off, paths_off = render_report(official, args.out, None, info,
+                                         stem=f"{args.stem}-official", plot_backend=args.plot)
+    paths = write_report(cmp, args.out, loc, info, stem=args.stem, plot_backend=args.plot,
+                         also=files_off)
     out(str(official))
     out(str(cmp))
     for p in [*paths.values(), *paths_off.values()]:

@@ -30,19 +30,43 @@ def _model(args):
     return init_params(cfg, args.seed, perturbed=not args.upstream_init), cfg
 
 
+def _check_paths(args) -> None:
+    """--params and --save before any work: not empty (an empty --params would silently run
+    the preset), --save's directory existing and writable and the path not a directory."""
+    import os
+    for flag, value in (("--params", args.params), ("--save", args.save)):
+        if value is not None and not value.strip():
+            raise DecodeInputError(f"{flag} {value!r}: empty path; give a file or drop {flag}")
+    if args.save:
+        parent = os.path.dirname(os.path.abspath(args.save))
+        if os.path.isdir(args.save):
+            raise DecodeInputError(f"--save {args.save}: is a directory; give a file path")
+        if not os.path.isdir(parent):
+            raise DecodeInputError(f"--save {args.save}: directory {parent} does not exist")
+        if not os.access(parent, os.W_OK):
+            raise DecodeInputError(f"--save {args.save}: directory {parent} is not writable")
+
+
 def run(args) -> int:
     for flag, value, low in (("--prompt-len", args.prompt_len, 1), ("--steps", args.steps, 0),
                              ("--window", 0 if args.window is None else args.window, 0)):
         if value < low:
             raise DecodeInputError(f"{flag} {value} must be >= {low}")
+    if not -2 ** 63 <= args.seed < 2 ** 64:
+        raise DecodeInputError(f"--seed {args.seed}: outside -2**63..2**64-1, the range torch "
+                               f"seeds take")
+    _check_paths(args)
     torch.manual_seed(args.seed)
     params, cfg = _model(args)
-    if args.save:
-        save_params(args.save, params, cfg)
+    if args.window is not None and args.window > cfg.max_seq_len:
+        raise DecodeInputError(f"--window {args.window}: must lie in 0..max_seq_len="
+                               f"{cfg.max_seq_len} (0: full causal)")
     window = cfg.kv_window if args.window is None else args.window
     n = args.prompt_len + args.steps
     if n > cfg.max_seq_len:
         raise DecodeInputError(f"prompt_len + steps = {n} exceeds max_seq_len={cfg.max_seq_len}")
+    if args.save:                       # after every check: a refused run writes nothing
+        save_params(args.save, params, cfg)
     g = torch.Generator().manual_seed(args.seed)
     tokens = torch.randint(1, cfg.vocab_size, (1, n), generator=g)
     print(f"needle v2 reference: d={cfg.d_model} L={cfg.num_layers} H={cfg.num_heads}/"

@@ -22,7 +22,7 @@ from . import cq
 from .cact_layout import CQ, FP16, RAW, HEADS, base_count, canon, heads_in, params_from_slots, \
     slot_tensors
 from .config import V2Config
-from .memory_budget import DEFAULT_MAX_MEMORY, check_memory
+from .memory_budget import DEFAULT_MAX_MEMORY, cact_terms, check_memory
 from .params import ParamsError, check_params, param_shapes
 from .safe_io import read_capped
 from .tokenizer import Tokenizer, TokenizerFormatError
@@ -281,7 +281,8 @@ def parse_cact(data: bytes, where: str = "<bytes>", max_memory: int | None = Non
     from .cact_check import check_data, check_header, check_record
     data = bytes(data)
     h, cfg, n, tokenized = check_header(data, where)
-    check_memory(cfg, max_memory, where, _FIELD_AT, CactFormatError)
+    check_memory(cfg, max_memory, where, _FIELD_AT, CactFormatError,
+                 extra=cact_terms(cfg, len(data)))
     heads = _read_heads(data, where, cfg, n, tokenized)
     if dict(heads).get("contrastive_head"):       # the only header-less geometry field
         cfg = cfg.replace(contrastive_dim=dict(heads)["contrastive_head"])

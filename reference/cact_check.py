@@ -16,6 +16,7 @@ from .cact import (_HEADER, _RECORD, ALIGN, CODEBOOK_AT, DIRECTORY_AT, DTYPE_CQ,
                    CactFormatError, Slot, _align)
 from .cact_layout import CQ, LAYER_SLOTS, MHC_SLOTS, RAW
 from .config import ConfigError, V2Config
+from .params import first_flat
 
 _REC_FIELDS = (("dtype", 0), ("ndim", 1), ("pad", 2), ("shape[0]", 4), ("shape[1]", 8),
                ("shape[2]", 12), ("shape[3]", 16), ("offset", 20), ("nbytes", 28),
@@ -199,23 +200,24 @@ def check_data(data: bytes, where: str, s: Slot):
     if s.dtype == DTYPE_CQ:
         out, G = s.norms.shape
         n_packed = s.packed.numel()
-        wrong = ~torch.isfinite(s.norms) | torch.signbit(s.norms)
-        if wrong.any():
-            r, g = (int(x) for x in wrong.nonzero()[0])
+        # first_flat scans in slices: no whole-matrix mask, no int64 nonzero() of it
+        at = first_flat(s.norms, lambda v: ~torch.isfinite(v) | torch.signbit(v))
+        if at is not None:
+            r, g = divmod(at, G)
             bad(f"field norms[{r}, {g}]={float(s.norms[r, g])} is not a finite norm >= 0",
                 s.offset + n_packed + 2 * (r * G + g))
         if s.bits == cq.TERNARY:
-            unused = s.codes() == 255
-            if unused.any():
-                r, k = (int(x) for x in unused.nonzero()[0])
+            codes = s.codes()
+            at = first_flat(codes, lambda v: v == 255)
+            if at is not None:
+                r, k = divmod(at, codes.shape[1])
                 bad(f"field codes[{r}, {k}] holds crumb 2, which ternary never uses",
                     s.offset + r * s.packed.shape[1] + (2 * k) // 8)
     elif s.dtype in (DTYPE_FP16, DTYPE_FP32):
         flat = s.values.reshape(-1)
         item = flat.element_size()
-        wrong = ~torch.isfinite(flat)
-        if wrong.any():
-            k = int(wrong.nonzero()[0])
+        k = first_flat(flat, lambda v: ~torch.isfinite(v))
+        if k is not None:
             bad(f"field values[{k}]={float(flat[k])} is not finite", s.offset + item * k)
         if s.name == "contrastive_head.bias" and flat.any():
             k = int(flat.nonzero()[0])

@@ -92,6 +92,11 @@ class V2Config:
              f"pad_token_id={self.pad_token_id} must be < vocab_size={self.vocab_size}")
         need(math.isfinite(self.rope_theta) and self.rope_theta > 0,
              f"rope_theta={self.rope_theta!r} must be finite and > 0")
+        # below 1 the frequencies base^(-2k/d) grow with k; below ~1e-38 they overflow float32
+        # and every angle is NaN (a run that "fails" instead of a refused input)
+        need(1.0 <= self.rope_theta <= 1e30,
+             f"rope_theta={self.rope_theta!r} outside 1..1e30 (the RoPE base: frequencies "
+             f"base^(-2k/head_dim) must not grow, nor underflow float32)")
         need(self.dtype in DTYPES, f"dtype={self.dtype!r} must be one of {DTYPES}")
         for name in ("kv_bits", "act_bits"):
             v = getattr(self, name)
@@ -200,10 +205,29 @@ class V2Config:
         data = parse_json(text, where, ConfigError)
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: must be a JSON object, got {type(data).__name__}")
+        return cls.from_file_fields(data, where)
+
+    @classmethod
+    def from_file_fields(cls, data: dict, where: str | None = "config") -> "V2Config":
+        """From a config a file carries: as the constructor, but a key that is not a field is
+        refused, naming it and the field it looks like (a look-alike `kv_window` would
+        otherwise leave the default 0 and run a full-causal model). `where` prefixes the
+        message (None: the caller adds its own)."""
+        import difflib
+        pre = "" if where is None else f"{where}: "
+        known = [f.name for f in fields(cls)]
+        for key in data:
+            if key not in known:
+                near = difflib.get_close_matches(key, known, n=1, cutoff=0.6) \
+                    if len(key) <= 64 else []
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:57] + "..."
+                raise ConfigError(f"{pre}unknown field {shown}{hint}; known: "
+                                  f"{', '.join(known)}")
         try:
             return cls(**data)
         except ConfigError as e:
-            raise ConfigError(f"{where}: {e}") from None
+            raise ConfigError(f"{pre}{e}") from None
 
     def replace(self, **changes) -> "V2Config":
         return V2Config(**{**self.to_dict(), **changes})

@@ -226,18 +226,23 @@ def pack(idx: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack(packed: torch.Tensor, bits: int, in_pad: int) -> torch.Tensor:
     """Inverse of `pack`. Ternary crumbs come back as level indices; an unused crumb value (2)
-    comes back as 255 so the caller can report where it sits."""
+    comes back as 255 so the caller can report where it sits. The int64 working copies are
+    made a slice of rows at a time (about _CHUNK indices), so unpacking a matrix allocates
+    its uint8 result and a bounded remainder, not 17 bytes per weight."""
     b = storage_bits(bits)
     out = packed.shape[0]
-    chunks = packed.to(torch.int64).reshape(out, in_pad // 8, b)
-    word = torch.zeros(out, in_pad // 8, dtype=torch.int64)
-    for j in range(b):
-        word |= chunks[..., j] << (8 * j)
+    idx = torch.empty(out, in_pad, dtype=torch.uint8)
+    crumb = torch.tensor([1, 2, 255, 0], dtype=torch.uint8) if bits == TERNARY else None
     mask = (1 << b) - 1
-    idx = torch.stack([(word >> (i * b)) & mask for i in range(8)], dim=-1).reshape(out, in_pad)
-    if bits == TERNARY:
-        return torch.tensor([1, 2, 255, 0], dtype=torch.uint8)[idx]
-    return idx.to(torch.uint8)
+    for r0, r1 in _rows_in_chunks(out, in_pad):
+        n = r1 - r0
+        chunks = packed[r0:r1].to(torch.int64).reshape(n, in_pad // 8, b)
+        word = torch.zeros(n, in_pad // 8, dtype=torch.int64)
+        for j in range(b):
+            word |= chunks[..., j] << (8 * j)
+        part = torch.stack([(word >> (i * b)) & mask for i in range(8)], dim=-1).reshape(n, in_pad)
+        idx[r0:r1] = crumb[part] if crumb is not None else part.to(torch.uint8)
+    return idx
 
 
 # ---------------------------------------------------------------- bits maps

@@ -84,9 +84,13 @@ def _fmt(n: int) -> str:
 
 
 def check_memory(cfg: V2Config, budget: int | None = None, where: str = "config",
-                 offsets: dict | None = None, error=MemoryBudgetError) -> int:
+                 offsets: dict | None = None, error=MemoryBudgetError,
+                 extra: dict | None = None) -> int:
     """Total implied bytes, or `error` naming the largest term when the total exceeds `budget`
-    (DEFAULT_MAX_MEMORY when None). `offsets` maps a field to its byte offset in the file."""
+    (DEFAULT_MAX_MEMORY when None). `offsets` maps a field to its byte offset in the file.
+    `extra`: more {term: (bytes, field, formula)} a reader really allocates besides one float32
+    copy of the tables (the file as read, tensors as stored, working copies): see
+    cact_terms and stored_terms."""
     budget = DEFAULT_MAX_MEMORY if budget is None else int(budget)
     if cfg.kv_window > cfg.kv_budget:
         # Not a budget question: upstream decodes with min(kv_budget, kv_window) (spec §a.2),
@@ -95,14 +99,48 @@ def check_memory(cfg: V2Config, budget: int | None = None, where: str = "config"
                     f"{cfg.kv_budget} positions (11.5 MiB at {cfg.kv_bytes_per_pos} bytes per "
                     f"position, at least 160, at most max_seq_len); upstream would decode "
                     f"with {cfg.effective_kv_window}")
-    terms = implied_bytes(cfg)
+    terms = dict(implied_bytes(cfg), **(extra or {}))
     total = sum(b for b, _, _ in terms.values())
     if total <= budget:
         return total
     name, (nbytes, fld, formula) = max(terms.items(), key=lambda kv: kv[1][0])
     values = ", ".join(f"{f}={getattr(cfg, f)!r}"
                        + (f" (byte {offsets[f]})" if offsets and f in offsets else "")
-                       for f in fld.split("/") if hasattr(cfg, f))
+                       for f in fld.split("/") if hasattr(cfg, f)) or fld
     raise error(f"{where}: the geometry implies {_fmt(total)} of tables, over the memory "
                 f"budget of {_fmt(budget)} (--max-memory); the largest is the {name}, "
                 f"{_fmt(nbytes)} from {values}: {formula}")
+
+
+def cact_terms(cfg: V2Config, file_size: int) -> dict:
+    """What reading a .cact allocates besides the float32 parameters: the file's bytes and the
+    slots' copy of every blob; the dequantised slot tensors, held while the per-layer ones are
+    stacked into the flax-path parameters (a second float32 copy); and the largest CQ
+    matrix's working set (its uint8 codes, its padded float32 rows, the float64 slices)."""
+    from .cact_layout import CQ, canon
+    from .cq import _CHUNK, padded
+    big = max((s.shape[0] * padded(s.shape[1]) for s in canon(cfg) if s.kind == CQ), default=0)
+    params = implied_bytes(cfg)["parameters"][0]
+    return {"file and slot copies": (2 * file_size, "file size",
+                                     "the bytes read and the slots' copy of each blob"),
+            "dequantised slots": (params, "vocab_size/d_model/num_layers/engram_slots",
+                                  "every slot dequantised to float32 before the per-layer "
+                                  "tensors are stacked: a second copy of the parameters"),
+            "CQ working copies": (big * (1 + F32) + min(big, _CHUNK) * 48,
+                                  "vocab_size/d_model",
+                                  "the largest CQ matrix's codes (1 byte per weight), its "
+                                  "padded float32 rows, and one slice of float64 work")}
+
+
+def stored_terms(header: dict, names) -> dict:
+    """A parameter file's tensors as stored, for those not already float32 (an F32 tensor is
+    the parameter itself; F16/BF16 ones are widened to a float32 copy, F64 ones kept beside
+    the ladder's float32 copy): {term: (bytes, field, formula)} for check_memory."""
+    nbytes = 0
+    for name in names:
+        info = header.get(name)
+        if isinstance(info, dict) and info.get("dtype") != "F32":
+            lo, hi = info["data_offsets"]
+            nbytes += hi - lo
+    return {"tensors as stored": (nbytes, "dtype", "the file's non-float32 tensors, read as "
+                                                  "stored before the float32 copy is made")}

@@ -13,7 +13,7 @@ import struct
 import torch
 
 from .config import V2Config
-from .memory_budget import DEFAULT_MAX_MEMORY, check_memory
+from .memory_budget import DEFAULT_MAX_MEMORY, check_memory, stored_terms
 from .safe_io import open_regular, parse_json
 
 BLOCK = "stack/layers/block"
@@ -171,15 +171,29 @@ _ST_DTYPES = {"F32": (torch.float32, 4), "F64": (torch.float64, 8), "F16": (torc
               "U8": (torch.uint8, 1), "BOOL": (torch.bool, 1)}
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 _MAX_HEADER = 100 * 1024 * 1024
+_MAX_DIM = 2 ** 31 - 1
+
+
+def _brief(v) -> str:
+    """repr(v) cut to 80 characters: a hostile header value may be megabytes long."""
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 def save_params(path, params: dict, cfg: V2Config | None = None, metadata: dict | None = None):
-    from safetensors.torch import save_file
+    """Write a safetensors parameter file. The bytes are serialised first and written by
+    Python, so a full disk or an unwritable path is an OSError, not a safetensors error."""
+    from safetensors.torch import save
     meta = dict(metadata or {})
     if cfg is not None:
         meta["needle_config"] = cfg.to_json()
     tensors = {k: v.detach().contiguous().cpu() for k, v in sorted(params.items())}
-    save_file(tensors, os.fspath(path), metadata=meta)
+    blob = save(tensors, metadata=meta)
+    try:
+        with open(os.fspath(path), "wb") as f:
+            f.write(blob)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write {os.fspath(path)}: {e.strerror}") from None
 
 
 def read_safetensors_header(path, max_bytes: int | None = None) -> tuple:
@@ -219,19 +233,24 @@ def _read_header(f, size: int, path: str) -> tuple:
             continue
         if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
             raise ParamsError(f"{path}: tensor {name!r} entry lacks dtype/shape/data_offsets")
-        if info["dtype"] not in _ST_DTYPES:
-            raise ParamsError(f"{path}: tensor {name!r} field dtype={info['dtype']!r} "
+        dtype = info["dtype"]
+        if not isinstance(dtype, str) or dtype not in _ST_DTYPES:   # a list is unhashable
+            raise ParamsError(f"{path}: tensor {name!r} field dtype={_brief(dtype)} "
                               f"is not one of {sorted(_ST_DTYPES)}")
         shape, offs = info["shape"], info["data_offsets"]
+        # A dimension no larger than the data (or 2**31 - 1): a zero-byte tensor of shape
+        # [2**64, 0] fits any byte count but no torch size.
+        max_dim = max(data_len, _MAX_DIM)
         if not (isinstance(shape, list) and len(shape) <= 8
-                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= max_dim
                         for x in shape)):
-            raise ParamsError(f"{path}: tensor {name!r} field shape={shape!r} is invalid "
-                              f"(at most 8 non-negative integers)")
+            raise ParamsError(f"{path}: tensor {name!r} field shape={_brief(shape)} is invalid "
+                              f"(at most 8 integers in 0..{max_dim})")
         if not (isinstance(offs, list) and len(offs) == 2
                 and all(isinstance(x, int) and not isinstance(x, bool) for x in offs)
                 and 0 <= offs[0] <= offs[1]):
-            raise ParamsError(f"{path}: tensor {name!r} field data_offsets={offs!r} is invalid")
+            raise ParamsError(f"{path}: tensor {name!r} field data_offsets={_brief(offs)} is "
+                              f"invalid")
         nbytes = math.prod(shape) * _ST_DTYPES[info["dtype"]][1]
         if offs[1] - offs[0] != nbytes:
             raise ParamsError(f"{path}: tensor {name!r} shape {shape} needs {nbytes} bytes but "
@@ -294,11 +313,25 @@ def check_values(params: dict, where: str) -> None:
         if not t.dtype.is_floating_point:
             raise ParamsError(f"{where}: parameter {key!r} has dtype {t.dtype}; parameters "
                               f"must be floating point (F16, BF16, F32, F64)")
-        bad = ~torch.isfinite(t)
-        if bad.any():
-            k = int(bad.reshape(-1).nonzero()[0])
+        k = first_flat(t, lambda v: ~torch.isfinite(v))
+        if k is not None:
             raise ParamsError(f"{where}: parameter {key!r} value [{k}] (flat index) = "
                               f"{float(t.reshape(-1)[k])} is not finite")
+
+
+SCAN = 1 << 20      # elements per slice of a value scan
+
+
+def first_flat(t: torch.Tensor, test):
+    """The flat index of the first element where `test(slice)` is true, or None. Scans SCAN
+    elements at a time: a whole-tensor mask and its nonzero() (int64, 8 bytes per hit: an
+    all-NaN tensor would need twice its own size) are never made."""
+    flat = t.reshape(-1)
+    for lo in range(0, flat.numel(), SCAN):
+        hit = test(flat[lo:lo + SCAN])
+        if hit.any():
+            return lo + int(hit.reshape(-1).to(torch.uint8).argmax())
+    return None
 
 
 def load_params(path, cfg: V2Config | None = None, max_memory: int | None = None) -> tuple:
@@ -314,8 +347,8 @@ def load_params(path, cfg: V2Config | None = None, max_memory: int | None = None
             raise ParamsError(f"{where}: no needle_config in the metadata; "
                               f"pass the config explicitly")
         cfg = V2Config.from_json(meta["needle_config"], f"{where}: metadata needle_config")
-    check_memory(cfg, budget, where)
     want = param_shapes(cfg, heads=all(f"{k}/probes" in header for k in HEAD_PROBES))
+    check_memory(cfg, budget, where, extra=stored_terms(header, want))
     for key in want:
         info = header.get(key)
         if isinstance(info, dict) and info["dtype"] not in _FLOAT_DTYPES:

@@ -6,7 +6,8 @@ configs carried in metadata) goes through these functions, in this order:
     open_regular(path, limit)      refuses FIFOs, devices, directories (a link to /dev/zero
                                    reports size 0 and then never ends), and files over `limit`
     read_capped(path, limit)       the bytes, never more than `limit` however the file grows
-    parse_json(raw, where)         nesting and number lengths checked by a linear pre-scan
+    parse_json(raw, where)         nesting, number lengths and container and entry counts
+                                   checked by a linear pre-scan
     parse_toml(raw, where)         the same pre-scan for TOML (dotted keys nest too)
 
 Each takes `error`, the caller's exception class, so a .cact reader raises CactFormatError and
@@ -25,6 +26,11 @@ import stat
 MAX_DEPTH = 64              # nesting of arrays/objects/tables; the project's files use <= 4
 MAX_NUMBER_CHARS = 64       # a float64 needs <= 25 characters, an int64 <= 20
 MAX_KEY_DOTS = 32           # a TOML key a.b.c has 2; nothing the project reads has more than 1
+# Counts, not only bytes: a 63 MB file of nested empty lists is 21 million containers, tens of
+# seconds and ~2 GB to parse. The largest file the project reads (a 260-step fixture's
+# safetensors header) has ~75,000 containers and ~130,000 entries.
+MAX_CONTAINERS = 1 << 19    # arrays/objects (JSON), arrays/inline tables/table headers (TOML)
+MAX_ENTRIES = 1 << 22       # separators: ',' (and '=' in TOML), one per element or key
 
 
 class InputFileError(ValueError):
@@ -85,22 +91,38 @@ def read_capped(path, limit: int, error=InputFileError, what: str = "file") -> b
 # the end of the text: a failed match would be retried from every later quote, quadratic in an
 # unterminated string of escaped quotes. Possessive (*+) so the body never backtracks either.
 _JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*+(?:"|\\?\Z)|[\[\]{}]|[-+0-9.eE]+', re.S)
+_JSON_TOKENS_COMMAS = re.compile(rb'"(?:[^"\\]|\\.)*+(?:"|\\?\Z)|[\[\]{},]|[-+0-9.eE]+',
+                                 re.S)
 
 
 def check_json_bounds(raw: bytes, where: str, error=InputFileError, max_depth: int = MAX_DEPTH,
                       max_number: int = MAX_NUMBER_CHARS, base: int = 0):
-    """Refuse nesting deeper than `max_depth` and number literals longer than `max_number`
-    characters, naming the byte offset (`base` is added: the text's offset in its file)."""
-    depth = 0
-    for m in _JSON_TOKENS.finditer(raw):
+    """Refuse nesting deeper than `max_depth`, number literals longer than `max_number`
+    characters, more than MAX_CONTAINERS arrays/objects or MAX_ENTRIES elements (counted by
+    their ',' separators), naming the byte offset (`base` is added: the text's offset in its
+    file)."""
+    depth = containers = entries = 0
+    # raw.count(b",") bounds the entries from above (it counts commas in strings too): the
+    # scan only matches separators when the file may hold too many
+    tokens = _JSON_TOKENS_COMMAS if raw.count(b",") >= MAX_ENTRIES else _JSON_TOKENS
+    for m in tokens.finditer(raw):
         c = raw[m.start()]
         if c in b"[{":
             depth += 1
+            containers += 1
             if depth > max_depth:
                 raise error(f"{where}: JSON nesting depth {depth} at byte {base + m.start()} "
                             f"exceeds the limit {max_depth}")
+            if containers > MAX_CONTAINERS:
+                raise error(f"{where}: JSON array or object number {containers} at byte "
+                            f"{base + m.start()} exceeds the limit of {MAX_CONTAINERS}")
         elif c in b"]}":
             depth -= 1
+        elif c == ord(","):
+            entries += 1
+            if entries >= MAX_ENTRIES:
+                raise error(f"{where}: JSON element number {entries + 1} at byte "
+                            f"{base + m.start()} exceeds the limit of {MAX_ENTRIES}")
         elif c != ord('"') and m.end() - m.start() > max_number:
             raise error(f"{where}: number literal of {m.end() - m.start()} characters at byte "
                         f"{base + m.start()} exceeds the limit {max_number}")
@@ -117,9 +139,22 @@ def _finite_float(text):
     return v
 
 
+def _unique_keys(pairs):
+    """A JSON object as a dict, refusing a key given twice (json.loads keeps the last one)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                shown = repr(k) if len(repr(k)) <= 60 else repr(k)[:57] + "..."
+                raise ValueError(f"key {shown} appears twice in one object")
+            seen.add(k)
+    return out
+
+
 def parse_json(raw, where: str, error=InputFileError, base: int = 0):
-    """JSON from bytes or str after the bounds pre-scan. NaN/Infinity (not JSON) and floats
-    that overflow to inf are refused."""
+    """JSON from bytes or str after the bounds pre-scan. NaN/Infinity (not JSON), floats
+    that overflow to inf and an object key given twice are refused."""
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogatepass")
     check_json_bounds(raw, where, error, base=base)
@@ -128,7 +163,8 @@ def parse_json(raw, where: str, error=InputFileError, base: int = 0):
     except UnicodeDecodeError as e:
         raise error(f"{where}: not UTF-8 at byte {base + e.start}") from None
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float,
+                          object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         at = base + len(text[:e.pos].encode("utf-8", "surrogatepass"))
         raise error(f"{where}: malformed JSON at line {e.lineno} column {e.colno} "
@@ -154,21 +190,32 @@ _TOML_DIGITS = re.compile(rb"[0-9][0-9_]*")
 def check_toml_bounds(raw: bytes, where: str, error=InputFileError, max_depth: int = MAX_DEPTH,
                       max_dots: int = MAX_KEY_DOTS, max_number: int = MAX_NUMBER_CHARS):
     """The TOML counterpart of check_json_bounds. Strings and comments are blanked first (same
-    length, so offsets still hold); then each key's dots, the bracket nesting, and every digit
-    run are counted. Linear in the file size."""
+    length, so offsets still hold); then each key's dots, the bracket nesting and count, the
+    entries ('=' and ',') and every digit run are counted. Linear in the file size."""
     def blank_out(m):
         n = m.end() - m.start()
         return (b'"' + b"x" * (n - 2) + b'"')[:n] if m.group()[:1] in (b'"', b"'") else b" " * n
     blank = _TOML_STRINGS.sub(blank_out, raw)
-    depth = 0
-    for m in re.finditer(rb"[\[\]{}]", blank):
-        if blank[m.start()] in b"[{":
+    depth = containers = entries = 0
+    many = blank.count(b",") + blank.count(b"=") >= MAX_ENTRIES
+    for m in re.finditer(rb"[\[\]{}=,]" if many else rb"[\[\]{}]", blank):
+        c = blank[m.start()]
+        if c in b"[{":
             depth += 1
+            containers += 1
             if depth > max_depth:
                 raise error(f"{where}: TOML nesting depth {depth} at byte {m.start()} exceeds "
                             f"the limit {max_depth}")
-        else:
+            if containers > MAX_CONTAINERS:
+                raise error(f"{where}: TOML array or table number {containers} at byte "
+                            f"{m.start()} exceeds the limit of {MAX_CONTAINERS}")
+        elif c in b"]}":
             depth -= 1
+        else:
+            entries += 1
+            if entries >= MAX_ENTRIES:
+                raise error(f"{where}: TOML entry number {entries + 1} at byte {m.start()} "
+                            f"exceeds the limit of {MAX_ENTRIES}")
     # A key ends at '=' (or ']' for a table header); separators ',', '{', '[' and newlines
     # start the next one. Counting dots between separators bounds every key's depth.
     pos = 0

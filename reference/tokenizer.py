@@ -115,9 +115,23 @@ class Tokenizer:
             raise TokenizerFormatError(f"{len(blob) - off} bytes follow the last piece",
                                        "trailing", off)
         try:
-            return cls(pieces, scores, types, pad, eos, bos, unk, dummy, fallback)
+            tok = cls(pieces, scores, types, pad, eos, bos, unk, dummy, fallback)
         except ValueError as e:
             raise TokenizerFormatError(str(e), "pieces", _HEAD.size) from None
+        missing = tok.missing_bytes()
+        if missing:
+            raise TokenizerFormatError(tok._fallback_message(missing), "byte_fallback", 21)
+        return tok
+
+    def missing_bytes(self) -> list:
+        """With byte_fallback, the bytes 0..255 that have no <0xHH> piece (encode() could not
+        fall back on them); [] without byte_fallback."""
+        return [b for b in range(256) if b not in self.byte_id] if self.byte_fallback else []
+
+    def _fallback_message(self, missing) -> str:
+        return (f"byte_fallback=1 but {len(missing)} of the 256 <0xHH> BYTE pieces are missing "
+                f"(first <0x{missing[0]:02X}>): a symbol outside the vocabulary could not be "
+                f"encoded")
 
     def to_blob(self) -> bytes:
         out = bytearray(_HEAD.pack(len(self.pieces), self.pad_id, self.eos_id, self.bos_id,
@@ -201,8 +215,10 @@ class Tokenizer:
             elif self.byte_fallback:
                 for byte in syms[a].encode("utf-8"):
                     if byte not in self.byte_id:
-                        raise ValueError(f"byte 0x{byte:02X} of {syms[a]!r} has no <0x{byte:02X}> "
-                                         f"piece for byte fallback")
+                        raise TokenizerFormatError(
+                            f"byte_fallback: byte 0x{byte:02X} of {syms[a]!r} has no "
+                            f"<0x{byte:02X}> piece to fall back on "
+                            f"({len(self.missing_bytes())} of 256 missing)", "byte_fallback", 21)
                     ids.append(self.byte_id[byte])
             else:
                 ids.append(self.unk_id)

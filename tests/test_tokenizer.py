@@ -162,8 +162,9 @@ def test_blob_round_trip(rows):
     pieces = ["<pad>", "</s>", "<s>", "<unk>"] + [p for p, _, _ in rows]
     if len(set(pieces)) != len(pieces):
         return
-    tok = Tokenizer(pieces, [0.0] * 4 + [s for _, s, _ in rows],
-                    [CONTROL] * 3 + [UNKNOWN] + [t for *_, t in rows])
+    tok = Tokenizer(pieces, [0.0] * 4 + [s for _, s, _ in rows],   # no BYTE pieces: no
+                    [CONTROL] * 3 + [UNKNOWN] + [t for *_, t in rows],  # fallback (a blob
+                    byte_fallback=False)                     # claiming one is refused at read)
     back = Tokenizer.from_blob(tok.to_blob())
     assert (back.pieces, back.scores, back.types) == (tok.pieces, tok.scores, tok.types)
     assert back.to_blob() == tok.to_blob()

@@ -1,4 +1,5 @@
-"""Issue #16's hostile input files, each run through the CLI under hard limits, as a table.
+"""Issue #16's (and #24's) hostile input files, each run through the CLI under hard limits,
+as a table.
 
     python tools/hostile_inputs.py [--only NAME ...] [--pythonpath DIR] [--timeout 60]
                                    [--max-as 4G] [--json OUT]
@@ -169,8 +170,67 @@ def cases(tmp) -> list:
         tmp, "theta0", cfg_change={"rope_theta": 0.0})]))
     c.append(("params rope_theta = NaN", LADDER + ["--params", params_file(
         tmp, "thetanan", cfg_change={"rope_theta": float("nan")})]))
+    c += issue24_cases(tmp)
     c.append(("legit: tiny preset", LADDER))
     c.append(("legit: cact max_seq_len=2^20", cact("seq20", max_seq_len=2 ** 20)))
+    return c
+
+
+V41 = [sys.executable, "-m", "ladder", "run", "--model", "attn_v41"]
+REFERENCE = [sys.executable, "-m", "reference", "run", "--steps", "1", "--prompt-len", "1"]
+
+
+def v41_copy(tmp, name, change) -> str:
+    """A copy of the committed V4.1 fixture with `change(manifest)` applied."""
+    src = os.path.join(ROOT, "tests", "fixtures", "attn_v41_official")
+    stem = os.path.join(tmp, name)
+    os.symlink(src + ".safetensors", stem + ".safetensors")
+    m = json.load(open(src + ".json"))
+    change(m)
+    open(stem + ".json", "w").write(json.dumps(m))
+    return stem
+
+
+def issue24_cases(tmp) -> list:
+    """Issue #24 section 4: the hostile inputs found that turn."""
+    from reference.config import V2Config
+    ma = lambda **kw: (lambda m: m["model_args"].update(kw))  # noqa: E731
+    c = [("v41 rope_theta=1.0", V41 + ["--fixture", v41_copy(tmp, "v41t", ma(rope_theta=1.0))]),
+         ("v41 beta_slow=0", V41 + ["--fixture", v41_copy(tmp, "v41b", ma(beta_slow=0))]),
+         ("v41 index_topk=-1", V41 + ["--fixture", v41_copy(tmp, "v41k", ma(index_topk=-1))]),
+         ("v41 max_seq_len=2^31-1", V41 + ["--fixture", v41_copy(
+             tmp, "v41s", ma(max_seq_len=2 ** 31 - 1))]),
+         ("v41 dim=65", V41 + ["--fixture", v41_copy(tmp, "v41d", ma(dim=65))]),
+         ("v41 calls=[]", V41 + ["--fixture", v41_copy(tmp, "v41c", lambda m: m.update(
+             calls=[]))]),
+         ("v41 --max-memory 64K", V41 + ["--max-memory", "64K"]),
+         ("safetensors shape [2^64, 0]", LADDER + ["--params", params_file(
+             tmp, "dim64", header=b'{"t": {"dtype": "F32", "shape": [18446744073709551616, 0], '
+                                  b'"data_offsets": [0, 0]}}')]),
+         ("safetensors dtype a list", LADDER + ["--params", params_file(
+             tmp, "dtlist", header=b'{"t": {"dtype": ["F32"], "shape": [0], '
+                                   b'"data_offsets": [0, 0]}}')]),
+         ("safetensors header 10^6 entries", LADDER + ["--params", params_file(
+             tmp, "many", header=b"{" + b",".join(
+                 b'"t%d":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}' % i
+                 for i in range(10 ** 6)) + b"}")]),
+         ("manifest 3M nested empty lists", LADDER + ["--fixture", fixture_copy(
+             tmp, "fxlists", change=lambda m: m.update(junk=[[]] * 3_000_000))]),
+         ("rules 40,000 patterns", LADDER + ["--rules", rules_file(tmp, "many.json", json.dumps(
+             {"rules": {**{f"p{i}": 1e-3 for i in range(40000)}, "*": 1e-3}}))]),
+         ("rules one 100,000-char pattern", LADDER + ["--rules", rules_file(
+             tmp, "long.json", json.dumps({"rules": [{"pattern": "*a" * 50000, "rtol": 1e-3},
+                                                     {"pattern": "*", "rtol": 1e-3}]}))]),
+         ("regen --out ''", [sys.executable, "-m", "ladder", "regen", "--out", ""]),
+         ("--device meta", LADDER + ["--device", "meta"]),
+         ("--params ''", LADDER + ["--params", ""]),
+         ("config look-alike kv_window", LADDER + ["--params", params_file(
+             tmp, "lookalike", cfg_json=V2Config.preset("tiny").to_json().replace(
+                 '"kv_window"', '"kv_w\u0456ndow"'))]),
+         ("params rope_theta = 1e-30", LADDER + ["--params", params_file(
+             tmp, "theta30", cfg_change={"rope_theta": 1e-30})]),
+         ("reference --seed 2**64", REFERENCE + ["--seed", str(2 ** 64)]),
+         ("reference --save unwritable", REFERENCE + ["--save", "/proc/version"])]
     return c
 
 

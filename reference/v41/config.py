@@ -14,6 +14,7 @@ official code ignores them. `mtp_layers_present` decides which MTP layers a runt
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 FP8_BLOCK = 32          # window kv fp8 round trip (spec §3.4)
@@ -36,6 +37,31 @@ class LayerRole:
 
 
 _TUPLE_FIELDS = ("compress_ratios", "kv_source_layers", "index_source_layers")
+MAX_INT = 2 ** 31 - 1   # every integer field (sizes, positions, layer numbers) fits an int32
+MAX_LIST = 4096         # entries of a per-layer list
+# integer fields and their lower bound (the >= 1 ones are re-said below with their reasons)
+_INT_FIELDS = {"dim": 1, "n_heads": 1, "head_dim": 1, "rope_head_dim": 1, "q_lora_rank": 1,
+               "o_groups": 1, "o_lora_rank": 1, "window_size": 1,
+               "candidate_source_layer": -MAX_INT, "candidate_topk_blocks": 0,
+               "candidate_block_size": 0, "index_n_heads": 1, "index_head_dim": 1,
+               "index_topk": 0, "original_seq_len": 0, "max_seq_len": 1, "n_layers": 1,
+               "n_mtp_layers": 0}
+# number fields: (bound, strict). A RoPE base must exceed 1 (YaRN divides by log(base)); the
+# YaRN betas are rotation counts, > 0 (it takes log(original_seq_len / beta))
+_NUMBER_FIELDS = {"rope_theta": (1, True), "compress_rope_theta": (1, True),
+                  "rope_factor": (0, True), "beta_fast": (0, True), "beta_slow": (0, True),
+                  "norm_eps": (0, False)}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _short(v) -> str:
+    """repr(v), cut to 80 characters (a hostile value may be a long list); lone surrogates from
+    a JSON escape are shown escaped by repr already."""
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
 # fields the official ModelArgs defaults that only decide the MTP layers, not the backbone
 OFFICIAL_DEFAULTS = {"n_mtp_layers": 1}
 MTP_ATTN_NAMES = ("attn_sink", "wq_a.weight", "q_norm.weight", "wq_b.weight", "wkv.weight",
@@ -100,11 +126,12 @@ class V41Args:
                                      f"{len(fields(cls))} ModelArgs fields the attention reads "
                                      f"is required; none is defaulted)")
             if f.name in _TUPLE_FIELDS:
-                try:
-                    v = tuple(int(x) for x in v)
-                except (TypeError, ValueError):
-                    raise V41ConfigError(f"{f.name}={v!r} must be a sequence of integers") \
-                        from None
+                # strict: a string would iterate its characters, a float would truncate
+                if not (isinstance(v, (list, tuple)) and len(v) <= MAX_LIST
+                        and all(_is_int(x) and abs(x) <= MAX_INT for x in v)):
+                    raise V41ConfigError(f"{f.name}={_short(v)} must be a sequence of at most "
+                                         f"{MAX_LIST} integers in -{MAX_INT}..{MAX_INT}")
+                v = tuple(v)
             vals[f.name] = v
         return cls(**vals)
 
@@ -121,6 +148,25 @@ class V41Args:
         m = self.n_mtp_layers
         need(isinstance(m, int) and not isinstance(m, bool) and m >= 0,
              f"n_mtp_layers={m!r} must be an integer >= 0")
+        # types and ranges of the rest (and upper bounds): the checks below and every table
+        # size may then rely on them
+        for name, lo in _INT_FIELDS.items():
+            v = getattr(self, name)
+            need(_is_int(v) and lo <= v <= MAX_INT,
+                 f"{name}={_short(v)} ({type(v).__name__}) must be an integer in "
+                 f"{lo}..{MAX_INT}")
+        for name, (lo, strict) in _NUMBER_FIELDS.items():
+            v = getattr(self, name)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and \
+                math.isfinite(v) and (v > lo if strict else v >= lo) and abs(v) <= 1e30
+            need(ok, f"{name}={_short(v)} ({type(v).__name__}) must be a finite number "
+                     f"{'>' if strict else '>='} {lo} (at most 1e30)")
+        for name in _TUPLE_FIELDS:
+            v = getattr(self, name)
+            need(isinstance(v, tuple) and len(v) <= MAX_LIST
+                 and all(_is_int(x) and abs(x) <= MAX_INT for x in v),
+                 f"{name}={_short(v)} must be a sequence of at most {MAX_LIST} integers in "
+                 f"-{MAX_INT}..{MAX_INT}")
         rd = self.rope_head_dim
         need(rd % 2 == 0 and rd // 2 <= 256, f"rope_head_dim={rd} must be even and <= 512")
         need(rd <= self.head_dim and rd <= self.index_head_dim,
