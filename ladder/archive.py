@@ -107,14 +107,19 @@ def save(ladder: Ladder, path, **manifest) -> str:
     return path
 
 
-def _need(d, key, kind, where):
+def need_field(d, key, kind, where, error=None):
+    """d[key] of type `kind` (a bool is no int), or `error` (default ArchiveError) naming it."""
+    error = error or ArchiveError
     if not isinstance(d, dict) or key not in d:
-        raise ArchiveError(f"{where}: manifest lacks field {key!r}")
+        raise error(f"{where}: manifest lacks field {key!r}")
     v = d[key]
     if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
-        raise ArchiveError(f"{where}: manifest field {key!r} is {type(v).__name__}, needs "
-                           f"{getattr(kind, '__name__', str(kind))}")
+        raise error(f"{where}: manifest field {key!r} is {type(v).__name__}, needs "
+                    f"{getattr(kind, '__name__', str(kind))}")
     return v
+
+
+_need = need_field
 
 
 def _name(v, what, where) -> str:
@@ -243,6 +248,11 @@ class LazyValues(Mapping):
 
     def __contains__(self, key):
         return key in self._index
+
+    def shape(self, key) -> tuple:
+        """The shape of `key` as read, without reading it."""
+        shape = list(self._infos[key][1])
+        return tuple([1] + shape[1:] if self._last else shape)
 
     def last_only(self) -> "LazyValues":
         return LazyValues(self._f, self._where, self._infos, self._start, self._order, True)

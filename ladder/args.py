@@ -171,16 +171,24 @@ def _report_flags(args) -> None:
               "'needle-parity[plot]', or use --plot svg (no dependency)")
 
 
+def _regen_out(args, exts: tuple) -> bool:
+    """--check needs the files to compare; a write needs a writable directory. True: writing."""
+    if args.check:
+        missing = [p for p in (f"{args.out}{e}" for e in exts) if not os.path.isfile(p)]
+        if missing:
+            _fail(f"regen --check --out {args.out}: {missing[0]} does not exist, so there is "
+                  f"nothing to compare (drop --check to write it)")
+        return False
+    writable_dir("--out", os.path.dirname(os.path.abspath(args.out)), shown=args.out)
+    return True
+
+
 def _regen_flags(args) -> None:
     if getattr(args, "format", "needle-parity") == "needle-rs":
-        if args.check:
-            missing = [p for p in (f"{args.out}.json", f"{args.out}.f32")
-                       if not os.path.isfile(p)]
-            if missing:
-                _fail(f"regen --format needle-rs --check --out {args.out}: {missing[0]} does "
-                      f"not exist (drop --check to write it)")
-        else:
-            writable_dir("--out", os.path.dirname(os.path.abspath(args.out)), shown=args.out)
+        if not args.out.strip() or os.path.basename(args.out) in ("", ".", ".."):
+            _fail(f"--out {args.out!r}: must name a fixture stem, written as STEM.json and "
+                  f"STEM.f32 (e.g. --out /tmp/v2)")
+        _regen_out(args, (".json", ".f32"))
         return
     if getattr(args, "prompt", None) is not None:
         _fail("regen --prompt: only with --format needle-rs (our fixture runs seeded token ids)")
@@ -193,14 +201,7 @@ def _regen_flags(args) -> None:
         # '' would write the hidden files .json and .safetensors in the working directory
         _fail(f"--out {args.out!r}: must name a fixture stem, written as STEM.json and "
               f"STEM.safetensors (e.g. --out /tmp/fx); drop --out for the checkout's own")
-    if args.check:
-        missing = [p for p in (f"{args.out}.json", f"{args.out}.safetensors")
-                   if not os.path.isfile(p)]
-        if missing:
-            _fail(f"regen --check --out {args.out}: {missing[0]} does not exist, so there is "
-                  f"nothing to compare (drop --check to write it)")
-    else:
-        writable_dir("--out", os.path.dirname(os.path.abspath(args.out)), shown=args.out)
+    if _regen_out(args, (".json", ".safetensors")):
         committed = fixtures.default_stem()
         if committed and os.path.abspath(args.out) == committed and not args.force:
             from .cli import DEFAULT_PROMPT, DEFAULT_STEPS

@@ -251,13 +251,15 @@ def check_registry(sides, cfg) -> None:
     from .points import expected
     shapes = dict(expected(cfg))
     for label, lad in sides:
-        for key, v in lad.values.items():
+        shape_of = getattr(lad.values, "shape", None)       # an archive read lazily
+        for key in lad.values:
             point = key.split("/", 1)[1]
             if point not in shapes:
                 raise TraceError(f"{label}: {key} is not a point of the registry "
                                  f"(ladder/points.py)")
-            if tuple(v.shape[1:]) != shapes[point]:
-                raise TraceError(f"{label}: {key} has shape {list(v.shape[1:])} per position, "
+            shape = tuple(shape_of(key) if shape_of else lad.values[key].shape)[1:]
+            if shape != shapes[point]:
+                raise TraceError(f"{label}: {key} has shape {list(shape)} per position, "
                                  f"the registry says {list(shapes[point])}")
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .compare import Comparison, as_ruleset
-from .locate import Injected, Location, _whole_forward_verdict
+from .locate import Injected, Location, _whole_forward_verdict, layer_scan
 from .names import point_name
 
 
@@ -94,12 +94,7 @@ def locate_dump(cmp: Comparison, dump, ref, params, cfg, window: int) -> Locatio
     if first.layer is None:
         loc.verdict = _whole_forward_verdict(first)
         return loc
-    prefix = f"L{first.layer:02d}."
-    for r in cmp.rows:
-        if r.step == first.step and r.point.startswith(prefix):
-            loc.bisection.append(r)
-            if r.key == first.key:
-                break
+    loc.bisection = layer_scan(cmp, first)
     rules = as_ruleset(cmp.rules)
     got, used, lacking = rerun_reference_layer(params, cfg, first.layer, pos, dump, ref, window)
     for point, val in got.items():

@@ -264,13 +264,8 @@ def first_difference(stem, fresh) -> str | None:
 
 
 def _need(m: dict, key: str, kind, where: str):
-    if key not in m:
-        raise FixtureError(f"{where}: manifest lacks field {key!r}")
-    v = m[key]
-    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
-        raise FixtureError(f"{where}: manifest field {key!r} is {type(v).__name__}, "
-                           f"needs {getattr(kind, '__name__', kind)}")
-    return v
+    from .archive import need_field
+    return need_field(m, key, kind, where, FixtureError)
 
 
 def _bounded(m: dict, key: str, lo: int, hi: int, where: str) -> int:

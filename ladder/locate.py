@@ -136,6 +136,19 @@ def inject(model, ref: Ladder, layer: int, pos: int, base_state) -> dict:
     return got
 
 
+def layer_scan(cmp: Comparison, first: PointResult, prefix: str | None = None) -> list:
+    """The rows of `first`'s layer at its step in forward order, up to and including it:
+    the in-layer scan every locate prints (a linear scan: see this module's docstring)."""
+    prefix = f"L{first.layer:02d}." if prefix is None else prefix
+    out = []
+    for r in cmp.rows:
+        if r.step == first.step and r.point.startswith(prefix):
+            out.append(r)
+            if r.key == first.key:
+                break
+    return out
+
+
 def _err(rules, prefix, point, a, b):
     pattern = rules.pattern_for(f"{prefix}/{point}")
     rule = rules.rules[pattern]
@@ -153,12 +166,7 @@ def locate(cmp: Comparison, *, port: Ladder = None, ref: Ladder = None, model=No
     if first.layer is None:
         loc.verdict = _whole_forward_verdict(first)
         return loc
-    prefix = f"L{first.layer:02d}."
-    for r in cmp.rows:
-        if r.step == first.step and r.point.startswith(prefix):
-            loc.bisection.append(r)
-            if r.key == first.key:
-                break
+    loc.bisection = layer_scan(cmp, first)
     if model is None or port is None or ref is None:
         loc.verdict = "no injection (needs the port model and both ladders)"
         return loc

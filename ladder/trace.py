@@ -103,8 +103,16 @@ class Ladder:
         return list(self.values)
 
     def points(self, step: str) -> list:
-        prefix = step + "/"
-        return [k[len(prefix):] for k in self.values if k.startswith(prefix)]
+        """The points `step` holds, in ladder order (indexed once per size of the ladder: a
+        comparison asks this of every step, and a long ladder holds ~10^5 keys)."""
+        index = self.__dict__.get("_by_step")
+        if index is None or index[0] != len(self.values) or index[1] is not self.values:
+            by = {}
+            for k in self.values:
+                st, _, p = k.partition("/")
+                by.setdefault(st, []).append(p)
+            index = self.__dict__["_by_step"] = (len(self.values), self.values, by)
+        return list(index[2].get(step, ()))
 
     def step(self, name: str) -> Step:
         for s in self.steps:

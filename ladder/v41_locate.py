@@ -16,7 +16,7 @@ The scan of the layer's points and the report are ladder/locate.py's (Location, 
 from __future__ import annotations
 
 from .compare import Comparison, as_ruleset, compare_point
-from .locate import Injected, Location
+from .locate import Injected, Location, layer_scan
 from .trace import point_name
 from .v41 import INDEX_POINTS, POINTS
 
@@ -111,12 +111,7 @@ def locate_v41(cmp: Comparison, make_port, make_ref, man, rec) -> Location | Non
                    rerun_on="the reference's state: ring, compressor, published cache, keys, "
                             "selection and candidates",
                    layers_title=f"every layer's out at call {first.step}")
-    prefix = point_name("", first.layer)
-    for r in cmp.rows:
-        if r.step == first.step and r.point.startswith(prefix):
-            loc.bisection.append(r)
-            if r.key == first.key:
-                break
+    loc.bisection = layer_scan(cmp, first, point_name("", first.layer))
     rules = as_ruleset(cmp.rules)
     call = next(c for c in man["calls"] if c["key"] == first.step)
     local, chained, want = injection_run(make_port(), make_ref(), man, rec, first.step)
