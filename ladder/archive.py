@@ -193,21 +193,19 @@ class LazyValues(Mapping):
         self._f, self._where, self._infos = f, where, infos
         self._start, self._order, self._last = data_start, order, last
         self._index = set(order)
-        self._spans = {}                     # step -> (first byte, end byte) of its tensors
+        self._spans = {}          # step -> (first byte, end byte, bytes) of its tensors
         for key in order:
             step = key.split("/", 1)[0]
             lo, hi = self._infos[key][2:]
-            a, b = self._spans.get(step, (lo, hi))
-            self._spans[step] = (min(a, lo), max(b, hi))
+            a, b, n = self._spans.get(step, (lo, hi, 0))
+            self._spans[step] = (min(a, lo), max(b, hi), n + hi - lo)
         self._step, self._cache, self._buf, self._base = None, {}, None, 0
 
     def _load_step(self, step):
         """One read for the whole step when its tensors lie together (a writer that sorts
         keys puts them so), else per tensor on demand."""
         self._step, self._cache, self._buf = step, {}, None
-        lo, hi = self._spans[step]
-        own = sum(self._infos[k][3] - self._infos[k][2] for k in self._order
-                  if k.startswith(step + "/")) if hi - lo > 0 else 0
+        lo, hi, own = self._spans[step]
         if 0 < hi - lo <= 2 * own:
             self._buf, self._base = self._read(lo, hi, step), lo
 

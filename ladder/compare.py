@@ -239,6 +239,13 @@ class Comparison:
     b_label: str
     steps: list = field(default_factory=list)
     hidden: list = field(default_factory=list)   # ("{step}/{point}", why): fused away, unjudged
+    # keep="summary" (a long streamed comparison): `rows` holds, per point, its worst row and
+    # its first failing one, plus every row of the first failing step; these count the rest.
+    folded: bool = False
+    total_rows: int = 0
+    total_failing: int = 0
+    fail_counts: dict = field(default_factory=dict)     # point -> failing steps
+    point_order: list = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -276,10 +283,14 @@ class Comparison:
         return frame(self)
 
     def __str__(self):
-        n_fail = len(self.failures)
-        lines = [f"{self.a_label} vs {self.b_label}: {len(self.rows)} points over "
+        n_fail = self.total_failing if self.folded else len(self.failures)
+        n_rows = self.total_rows if self.folded else len(self.rows)
+        lines = [f"{self.a_label} vs {self.b_label}: {n_rows} points over "
                  f"{len(self.steps)} steps, {n_fail} failing "
                  f"({'PASS' if not n_fail else 'DIVERGENCE'})"]
+        if self.folded:
+            lines.append(f"  streamed: {len(self.rows)} rows kept (each point's worst and first "
+                         f"failing step, and the first failing step whole)")
         w = self.worst()
         if w is not None:
             lines.append(f"  worst:  {w}")
@@ -324,8 +335,14 @@ def as_ruleset(rules) -> RuleSet:
 
 
 def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "port",
-                    a_label=None, b_label=None) -> Comparison:
-    """Every (step, point) of `a` against `b` under rules matched on `{prefix}/{point}`."""
+                    a_label=None, b_label=None, keep: str = "all") -> Comparison:
+    """Every (step, point) of `a` against `b` under rules matched on `{prefix}/{point}`.
+
+    keep="all": a row per (step, point). keep="summary": what a long comparison needs and no
+    more (Comparison.folded): the first divergence, each point's worst, and the first failing
+    step whole, so memory does not grow with the number of steps."""
+    if keep not in ("all", "summary"):
+        raise CompareError(f"keep={keep!r}; one of 'all', 'summary'")
     rs = as_ruleset(rules)
     if [(s.name, s.pos, tuple(s.tokens)) for s in a.steps] != \
             [(s.name, s.pos, tuple(s.tokens)) for s in b.steps]:
@@ -334,7 +351,11 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
     if a.captured != b.captured:          # one side kept each step's last position only
         a, b = a.last_only(), b.last_only()
     rows, logit_rows, hidden = [], [], []
-    for st in b.steps:
+    fold = _Fold() if keep == "summary" else None
+    for si, st in enumerate(b.steps):
+        if fold is not None:
+            fold.add(si, rows)
+            rows = []
         pos0 = b.first_pos(st)
         for point in _merged_order(a, b, st.name):
             key = f"{st.name}/{point}"
@@ -362,8 +383,49 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
                     row = _with(row, False, bad[0].pos,
                                 f"argmax/top-k/KL check failed at position {bad[0].pos}")
             rows.append(row)
-    return Comparison(rows, logit_rows, rs, prefix, a_label or a.label, b_label or b.label,
-                      list(b.steps), hidden)
+    cmp = Comparison(rows, logit_rows, rs, prefix, a_label or a.label, b_label or b.label,
+                     list(b.steps), hidden)
+    if fold is not None:
+        fold.add(len(b.steps), rows)
+        fold.finish(cmp)
+    return cmp
+
+
+class _Fold:
+    """keep="summary": rows folded step by step into what the verdicts read."""
+
+    def __init__(self):
+        self.worst, self.first_fail, self.first_step = {}, {}, None
+        self.order, self.total, self.failing, self.counts = {}, 0, 0, {}
+
+    def add(self, si: int, step_rows: list):
+        if not step_rows:
+            return
+        si -= 1                                   # the rows are the previous step's
+        bad = False
+        for j, r in enumerate(step_rows):
+            self.order[id(r)] = (si, j)
+            self.total += 1
+            err = math.inf if math.isnan(r.error) else r.error
+            w = self.worst.get(r.point)
+            if w is None or err > (math.inf if math.isnan(w.error) else w.error):
+                self.worst[r.point] = r
+            if not r.passed:
+                bad = True
+                self.failing += 1
+                self.counts[r.point] = self.counts.get(r.point, 0) + 1
+                self.first_fail.setdefault(r.point, r)
+        if bad and self.first_step is None:
+            self.first_step = step_rows
+
+    def finish(self, cmp: Comparison):
+        kept = {id(r): r for r in (self.first_step or [])}
+        kept.update({id(r): r for r in self.worst.values()})
+        kept.update({id(r): r for r in self.first_fail.values()})
+        cmp.rows = sorted(kept.values(), key=lambda r: self.order[id(r)])
+        cmp.folded, cmp.total_rows, cmp.total_failing = True, self.total, self.failing
+        cmp.fail_counts = dict(self.counts)
+        cmp.point_order = list(self.worst)        # first appearance, as the full rows give
 
 
 def _with(row: PointResult, passed: bool, first_bad, note: str) -> PointResult:

@@ -218,7 +218,11 @@ def cmd_compare(args, out=print) -> int:
         for lad in (a, b):
             fill_not_emitted(lad, cfg)
         check_registry([(labels[0], a), (labels[1], b)], cfg)
-    cmp = compare_ladders(a, b, rules, prefix="port", a_label=labels[0], b_label=labels[1])
+    # Every row only where they are all shown or written; else the folded summary, so a long
+    # comparison's memory stays one step of each side (README "Bring your own port").
+    keep = "all" if args.per_step or args.report else "summary"
+    cmp = compare_ladders(a, b, rules, prefix="port", a_label=labels[0], b_label=labels[1],
+                          keep=keep)
     cli._print_table(cmp, args, out)
     out("")
     out(str(cmp))

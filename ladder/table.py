@@ -49,7 +49,11 @@ def frame(cmp: Comparison) -> pd.DataFrame:
             floor=r.rule.floor,
             scale=r.rule.scale, stat=r.rule.stat, growth=growth, worst_pos=r.worst_pos,
             first_bad_pos=-1 if r.first_bad_pos is None else r.first_bad_pos, note=r.note))
-    return pd.DataFrame(recs, columns=COLUMNS)
+    df = pd.DataFrame(recs, columns=COLUMNS)
+    if cmp.folded:                    # a summary comparison counts its failing steps itself
+        df.attrs["fail_counts"] = dict(cmp.fail_counts)
+        df.attrs["point_order"] = list(cmp.point_order)
+    return df
 
 
 def summary(df: pd.DataFrame, coarse_only: bool = False) -> pd.DataFrame:
@@ -57,13 +61,15 @@ def summary(df: pd.DataFrame, coarse_only: bool = False) -> pd.DataFrame:
     with `passed` over all steps and `failing_steps`."""
     if coarse_only:
         df = df[df["coarse"]]
-    order = list(dict.fromkeys(df["point"]))
+    order = df.attrs.get("point_order") or list(dict.fromkeys(df["point"]))
     out = []
     for point, g in df.groupby("point", sort=False):
         worst = g.loc[g["error"].fillna(math.inf).idxmax()].copy()
         worst["passed"] = bool(g["passed"].all())
         worst["first_fail"] = bool(g["first_fail"].any())
-        worst["failing_steps"] = int((~g["passed"]).sum())
+        counts = df.attrs.get("fail_counts")
+        worst["failing_steps"] = counts.get(point, 0) if counts is not None else \
+            int((~g["passed"]).sum())
         out.append(worst)
     res = pd.DataFrame(out)
     if res.empty:

@@ -358,3 +358,24 @@ def test_the_comparison_engine_imports_no_model_package():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=os.path.dirname(HERE), check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_summary_comparison_keeps_what_the_verdicts_read():
+    """keep="summary" (what `compare` streams with) gives the same first divergence, worst
+    rows, failing counts and table as keeping every row, holding O(points) rows."""
+    from ladder.table import summary
+    ref = reference_ladder()
+    bad = _perturbed(clean_port_ladder(), "decode03/L02.u", 1.001)
+    bad = _perturbed(bad, "decode07/L02.u", 1.002)
+    full = compare_ladders(bad, ref, DEFAULT_RULES)
+    part = compare_ladders(bad, ref, DEFAULT_RULES, keep="summary")
+    assert part.folded and len(part.rows) < len(full.rows) / 4
+    assert part.first.key == full.first.key == "decode03/L02.u"
+    assert part.worst().key == full.worst().key and part.passed == full.passed
+    assert part.total_rows == len(full.rows) and part.total_failing == len(full.failures)
+    cols = ["point", "worst_step", "error", "passed", "failing_steps"]
+    a, b = summary(full.to_frame())[cols], summary(part.to_frame())[cols]
+    assert a.equals(b)
+    assert [r.key for r in part.rows if r.step == "decode03"] == \
+        [r.key for r in full.rows if r.step == "decode03"]      # the first failing step whole
+    assert str(part).splitlines()[0] == str(full).splitlines()[0]

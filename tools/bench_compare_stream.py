@@ -66,12 +66,14 @@ def child(mode: str, a: str, b: str) -> dict:
         pass
     before = _rss_kib("VmRSS")
     t0 = time.perf_counter()
-    cmp = compare_ladders(la, lb, DEFAULT_RULES)
+    # memory: what `run` does (every row kept); stream: what `compare` does (rows folded)
+    cmp = compare_ladders(la, lb, DEFAULT_RULES, keep="summary" if mode == "stream" else "all")
     dt = time.perf_counter() - t0
     peak = _rss_kib("VmHWM")
     rows = sum(sys.getsizeof(r) + sys.getsizeof(r.errors) for r in cmp.rows)
     return {"mode": mode, "compare_s": dt, "peak_extra_bytes": (peak - before) * 1024,
-            "largest_step_bytes": largest, "rows": len(cmp.rows), "rows_bytes": rows,
+            "largest_step_bytes": largest, "rows": cmp.total_rows if cmp.folded else
+            len(cmp.rows), "rows_kept": len(cmp.rows), "rows_bytes": rows,
             "passed": cmp.passed, "threads": torch.get_num_threads()}
 
 
