@@ -359,6 +359,60 @@ FAULTS = {f.name: f for f in (
 )}
 
 
+def _mutated_method(fault: str, cls, method: str, old: str, new: str):
+    """cls.<method> recompiled in its own module's globals with `old` replaced by `new`
+    (exactly one occurrence), as _mutated_layer does for V2Model."""
+    import sys
+    src = textwrap.dedent(inspect.getsource(getattr(cls, method)))
+    if src.count(old) != 1:
+        raise FaultError(f"fault {fault}: expected exactly one {old!r} in {cls.__name__}."
+                         f"{method}, found {src.count(old)}; the port changed, update the fault")
+    code = compile(src.replace(old, new), f"<fault {fault}: {cls.__module__} {cls.__name__}."
+                   f"{method}>", "exec")
+    ns: dict = {}
+    exec(code, sys.modules[cls.__module__].__dict__, ns)
+    return _patched(cls, method, ns[method])
+
+
+def prefill_batch_only_engram_row():
+    """Every row of a batched chunk adds the chunk's first Engram value row (`ev[:1]`, an
+    indexing slip a one-row call cannot show): only `prefill_batch` runs more than one row."""
+    return _mutated_method("prefill_batch_only_engram_row", V2Model, "layer",
+                           "bx = u + alpha * ev", "bx = u + alpha * ev[:1]")
+
+
+def graph_body_only_rope_sin():
+    """The decode body gathers its RoPE sin rows from the cos table (a copy-paste slip in
+    port/graph.py DecodeGraph.body): only `--decode graph` on the torch backend runs it."""
+    from port.graph import DecodeGraph
+    return _mutated_method("graph_body_only_rope_sin", DecodeGraph, "body",
+                           "sin = model.sin.index_select(", "sin = model.cos.index_select(")
+
+
+@dataclass(frozen=True)
+class PathFault:
+    """A bug in one plain path only, which the one-position `step_traced` never runs: the
+    ladder itself stays clean, `capture_port(check_plain=True)` must name the path, the step
+    and point (for the tiny preset, the default schedule) where it parts from it."""
+    name: str
+    what: str
+    plant: Callable          # () -> context manager
+    path: str                # the path as capture.PathError names it
+    touches: Callable        # (cfg, prompt_len) -> (step, point, absolute position)
+    decode: str = "eager"    # the decode mode the model needs for the path to run
+
+
+PATH_FAULTS = {f.name: f for f in (
+    PathFault("prefill_batch_only_engram_row", "each batched chunk row adds its chunk's first "
+              "Engram value row (ev[:1])", prefill_batch_only_engram_row, "prefill_batch",
+              lambda cfg, P: ("prefill", f"L{min(cfg.engram_layers):02d}.bx",
+                              _first_engram_row(cfg))),
+    PathFault("graph_body_only_rope_sin", "the decode body's RoPE sin rows gathered from the cos "
+              "table", graph_body_only_rope_sin, "the decode body",
+              lambda cfg, P: ("decode00", "L00.q", P), decode="graph"),
+)}
+
+
 def describe() -> str:
     """One line per fault: name, first touched point (tiny preset), backends, what it is."""
     from reference.config import V2Config
