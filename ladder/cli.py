@@ -190,6 +190,11 @@ def compare_run(args, out=print):
         out("tracing changes no bit: " + ("" if args.fixture else "reference traced == plain "
             "forward_cached; ") + "port step_traced == prefill_batch + step (logits and "
             "caches, torch.equal)")
+    else:
+        body = ", the decode body" if model.decode == "graph" or model.backend == "triton" else ""
+        out(f"not checked (--no-check-plain): the port's plain paths (prefill_batch{body}, "
+            f"step) did not run, so a bug only in them goes unseen, nor that tracing changes "
+            f"no bit")
     if graph_verdict(model, check):
         out(graph_verdict(model, check))
     cmp = compare_ladders(port, ref, rules, prefix="port", a_label=run.label(),
