@@ -3,7 +3,9 @@
 Both runners can also prove that tracing changed nothing: the same schedule run plainly
 (`forward_cached(trace=None)`; the port's `prefill_batch` + `step`) must give the same logits
 and caches bit for bit, or TraceError names the step (docs/design.md: checked before any fixture
-is written, and by `python -m ladder run`).
+is written, and by `python -m ladder run`). On the port a difference is first located: its
+plain paths are re-run traced (`locate_path`), and PathError names the path, point and layer
+where they part from the one-position ladder.
 
 Every ladder recorded here is held to the point registry (ladder/points.py) before it is
 returned: the same names, order and shapes from every implementation.
@@ -159,6 +161,9 @@ def _untraced(model, step: str) -> str:
     if step == "prefill" and model.backend == "native":
         return (" (the native C step traces only a call's first row, so prefill_batch could "
                 "not be compared point by point)")
+    if step != "prefill" and model.decode == "graph" and model.device.type == "cuda":
+        return (" (or the CUDA graph replay: the decode body, traced eagerly, agrees with "
+                "step_traced at every point)")
     return ""
 
 

@@ -94,3 +94,24 @@ def test_tracing_the_paths_changes_no_bit():
         assert torch.equal(a, b) and "L05.x" in r.parts
     for name in ("k", "v", "vraw", "lanes", "hidden"):
         assert torch.equal(getattr(plain, name), getattr(traced, name)), name
+
+
+def test_a_batched_trace_over_chunks_equals_the_one_position_ladder():
+    # Every row of every chunk (cap 4 over a 6-token prompt: two chunks) at the registry's
+    # per-row points, the tail points for the prompt's last row: bit for bit the ladder's.
+    tokens, prompt = _tokens()
+    model = _model()
+    lad = capture_port(model, tokens, prompt)
+    rec = BatchRecorder()
+    model.prefill_batch(tokens[:prompt], model.make_state(), V2Batch(model, cap=4),
+                        torch.empty(256), trace=rec)
+    assert [t.shape[0] for t in rec.rows["embed"]] == [4, 2]
+    for point in lad.points("prefill"):
+        want = lad[f"prefill/{point}"]
+        for j in range(prompt):
+            got = rec.at(point, j, prompt)
+            if point in rec.tail:
+                assert (got is None) == (j < prompt - 1), point
+            if got is not None:
+                assert torch.equal(got, want[j]), (point, j)
+    assert set(rec.rows) | set(rec.tail) == set(lad.points("prefill"))
