@@ -476,7 +476,17 @@ def _with_fault(cmd, args, out) -> int:
     from . import faults
     if args.list_faults:
         out(faults.describe())
+        out(faults.describe_paths())
         return 0
+    path = faults.PATH_FAULTS.get(args.plant)
+    if path is not None:                # a bug in one plain path only (prefill_batch, body)
+        why = path.not_in(args.backend, args.decode)
+        if why:
+            raise LadderInputError(f"--plant {args.plant}: not in backend {args.backend} "
+                                   f"--decode {args.decode}: {why}")
+        out(f"planted fault {path.name} in {path.path} only ({args.backend}): {path.what}")
+        with path.plant():
+            return cmd(args, out)
     fault = faults.FAULTS.get(args.plant)
     weights = args.weights or ("cq" if args.cact else "dense")
     if fault is None or fault.weights == "cq" != weights:     # layer-math faults fit both

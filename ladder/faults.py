@@ -401,6 +401,15 @@ class PathFault:
     touches: Callable        # (cfg, prompt_len) -> (step, point, absolute position)
     decode: str = "eager"    # the decode mode the model needs for the path to run
 
+    def not_in(self, backend: str, decode: str = "eager") -> str:
+        """Why this path does not run as planted in `backend` / `decode` ("" when it does)."""
+        if backend == "native":
+            return "the C step runs its own batched rows and has no switch for this bug"
+        if self.decode == "graph" and (backend, decode) != ("torch", "graph"):
+            return ("the torch decode body runs only with --backend torch --decode graph "
+                    "(the triton backend's body is port/fused.py)")
+        return ""
+
 
 PATH_FAULTS = {f.name: f for f in (
     PathFault("prefill_batch_only_engram_row", "each batched chunk row adds its chunk's first "
@@ -424,6 +433,19 @@ def describe() -> str:
         form = "cq weights only" if f.weights == "cq" else "dense or cq"
         lines.append(f"{f.name:22s} first touches {point} at position {pos} (tiny); "
                      f"{form}; backends {where}: {f.what}")
+    return "\n".join(lines)
+
+
+def describe_paths() -> str:
+    """One line per path-only fault: name, path, where it first parts (tiny, default prompt)."""
+    from reference.config import V2Config
+    cfg = V2Config.preset("tiny")
+    lines = []
+    for f in PATH_FAULTS.values():
+        step, point, pos = f.touches(cfg, 6)
+        where = "torch --decode graph" if f.decode == "graph" else "torch, triton"
+        lines.append(f"{f.name:22s} only in {f.path}: parts from step_traced at {step}/{point} "
+                     f"position {pos} (tiny, prompt 6); backends {where}: {f.what}")
     return "\n".join(lines)
 
 

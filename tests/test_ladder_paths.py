@@ -115,3 +115,16 @@ def test_a_batched_trace_over_chunks_equals_the_one_position_ladder():
             if got is not None:
                 assert torch.equal(got, want[j]), (point, j)
     assert set(rec.rows) | set(rec.tail) == set(lad.points("prefill"))
+
+
+def test_plant_a_path_fault_from_the_cli(capsys):
+    lines = []
+    rc = main(["run", "--plant", "graph_body_only_rope_sin", "--decode", "graph", "--steps", "1"],
+              out=lines.append)
+    assert rc == 1 and lines[0].startswith("planted fault graph_body_only_rope_sin in the "
+                                           "decode body only (torch)")
+    assert "the decode body differs from the one-position step_traced at decode00/L00.q" \
+        in capsys.readouterr().err
+    # Planted where its path does not run, it refuses (exit 2) instead of planting nothing.
+    assert main(["run", "--plant", "graph_body_only_rope_sin"], out=lines.append) == 2
+    assert "runs only with --backend torch --decode graph" in capsys.readouterr().err
