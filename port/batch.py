@@ -33,6 +33,9 @@ def prefill_batch(model: V2Model, tokens, state: V2State, batch: V2Batch, logits
         raise StepError("prefill_batch needs at least one token")
     if batch.model is not model:
         raise StepError("V2Batch was made for another model")
+    if trace is not None and model.backend == "native":
+        raise StepError("a traced prefill_batch needs every chunk row; the native C step "
+                        "captures a call's first row only (trace it on torch or triton)")
     for t in tokens:
         model.check_step(t, state, logits=logits)
     end = state.pos + len(tokens)
