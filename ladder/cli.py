@@ -190,6 +190,11 @@ def compare_run(args, out=print):
         out("tracing changes no bit: " + ("" if args.fixture else "reference traced == plain "
             "forward_cached; ") + "port step_traced == prefill_batch + step (logits and "
             "caches, torch.equal)")
+    else:
+        body = ", the decode body" if model.decode == "graph" or model.backend == "triton" else ""
+        out(f"not checked (--no-check-plain): the port's plain paths (prefill_batch{body}, "
+            f"step) did not run, so a bug only in them goes unseen, nor that tracing changes "
+            f"no bit")
     if graph_verdict(model, check):
         out(graph_verdict(model, check))
     cmp = compare_ladders(port, ref, rules, prefix="port", a_label=run.label(),
@@ -471,7 +476,17 @@ def _with_fault(cmd, args, out) -> int:
     from . import faults
     if args.list_faults:
         out(faults.describe())
+        out(faults.describe_paths())
         return 0
+    path = faults.PATH_FAULTS.get(args.plant)
+    if path is not None:                # a bug in one plain path only (prefill_batch, body)
+        why = path.not_in(args.backend, args.decode)
+        if why:
+            raise LadderInputError(f"--plant {args.plant}: not in backend {args.backend} "
+                                   f"--decode {args.decode}: {why}")
+        out(f"planted fault {path.name} in {path.path} only ({args.backend}): {path.what}")
+        with path.plant():
+            return cmd(args, out)
     fault = faults.FAULTS.get(args.plant)
     weights = args.weights or ("cq" if args.cact else "dense")
     if fault is None or fault.weights == "cq" != weights:     # layer-math faults fit both

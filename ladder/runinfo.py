@@ -71,7 +71,7 @@ def graph_verdict(model, checked: bool) -> str:
     """What `--decode graph` was held to ("" for eager). The ladder records the traced eager
     step; the graph step (host prep + device body, a CUDA graph replay on CUDA) is the plain
     run that `capture_port(check_plain=True)` compares with it bit for bit, and a difference
-    stops the run there (TraceError, exit 1)."""
+    stops the run there, naming the point where the traced body parts (PathError, exit 1)."""
     if model.decode != "graph":
         return ""
     if model.make_state().window == 0:

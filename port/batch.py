@@ -17,10 +17,13 @@ class V2Batch:
         self.model, self.cap = model, int(cap)
 
 
-def prefill_batch(model: V2Model, tokens, state: V2State, batch: V2Batch, logits=None):
+def prefill_batch(model: V2Model, tokens, state: V2State, batch: V2Batch, logits=None,
+                  trace=None):
     """Feed `tokens` at the state's position; logits (when asked) for the last token only.
 
-    Every token is checked before any is fed, so a bad one leaves the state untouched."""
+    Every token is checked before any is fed, so a bad one leaves the state untouched.
+    `trace` (with `batched` true: each point once per chunk with the chunk's rows [m, ...];
+    the tail points for the chunk's last row) sees the batched arithmetic itself."""
     if isinstance(tokens, torch.Tensor):
         if tokens.device != model.device:
             raise StepError(f"tokens are on {tokens.device}; the model is on {model.device}")
@@ -30,6 +33,9 @@ def prefill_batch(model: V2Model, tokens, state: V2State, batch: V2Batch, logits
         raise StepError("prefill_batch needs at least one token")
     if batch.model is not model:
         raise StepError("V2Batch was made for another model")
+    if trace is not None and model.backend == "native":
+        raise StepError("a traced prefill_batch needs every chunk row; the native C step "
+                        "captures a call's first row only (trace it on torch or triton)")
     for t in tokens:
         model.check_step(t, state, logits=logits)
     end = state.pos + len(tokens)
@@ -41,5 +47,5 @@ def prefill_batch(model: V2Model, tokens, state: V2State, batch: V2Batch, logits
         chunk = tokens[c0:c0 + batch.cap]
         last = c0 + batch.cap >= len(tokens)
         out = model.rows(chunk, state, logits=logits,
-                         want_logits=last and logits is not None)
+                         want_logits=last and logits is not None, trace=trace)
     return out

@@ -77,13 +77,15 @@ class DecodeGraph:
     # ---- device ----
     def body(self, trace=None) -> torch.Tensor:
         """The device half: the fused kernels on the triton backend (port/fused.py), else the
-        torch ops of V2Model.layer with the runtime's attention. `trace` (fused body only)
-        sees every point a kernel boundary exposes."""
+        torch ops of V2Model.layer with the runtime's attention. `trace` sees every point a
+        kernel boundary exposes (fused body), or every point V2Model.layer's does (torch)."""
         if self.model.backend == "triton":
             return self.model.fused(self, self.state, trace=trace)
         model, state, cfg = self.model, self.state, self.model.cfg
         n, d = cfg.mhc_lanes, cfg.d_model
         x0 = model.embedding.table.index_select(0, self.token) * math.sqrt(d)   # [1, d]
+        if trace:
+            trace("embed", None, x0[0])
         eng = []
         for s, site in enumerate(model.engrams):
             e = (site.tables.index_select(0, self.rows)[None] * self.ngram_ok[None, :, None])
@@ -95,13 +97,17 @@ class DecodeGraph:
                 acc = acc + site.taps[j] * state.vraw[s].index_select(0, self.tap_slots[j:j + 1])[0] \
                     * self.tap_ok[j]
             eng.append((k, acc[None]))
+            if trace:
+                trace(f"engram_k{s}", None, k[0])
+                trace(f"engram_v{s}", None, acc)
         X = x0[:, None, :].expand(1, n, d)
         rt = state.attn_runtime(model)
         cos = model.cos.index_select(0, rt.pos)[:, None, :]
         sin = model.sin.index_select(0, rt.pos)[:, None, :]
         for i in range(cfg.num_layers):
-            X = model.layer(i, X, eng, state, 0, cos, sin, attention=rt.decode_body)
-        return model.finish(X, state)
+            X = model.layer(i, X, eng, state, 0, cos, sin, attention=rt.decode_body,
+                            trace=trace)
+        return model.finish(X, state, trace=trace)
 
     # ---- the step ----
     def step(self, token: int, trace=None) -> torch.Tensor:

@@ -41,6 +41,12 @@ class StepError(ValueError):
     """A step the model refuses (names the value and the limit); the state is untouched."""
 
 
+def row0(trace, v):
+    """What a trace is handed of a traced value's rows [m, ...]: the first row (one-position
+    steps), or every row when the trace says `batched` (a traced prefill_batch chunk)."""
+    return v if getattr(trace, "batched", False) else v[0]
+
+
 def ngram_rows(cfg: V2Config, tokens: list, pos: int) -> list:
     """Row of every Engram table for position `pos` (uint32 hash, spec §b.8), in Python ints."""
     rows = []
@@ -262,7 +268,7 @@ class V2Model:
                             want_logits, pool)
         x0 = self.embedding.table[torch.tensor(tokens, device=self.device)] * math.sqrt(d)
         if trace:
-            trace("embed", None, x0[0])
+            trace("embed", None, row0(trace, x0))
         eng = self.engram(state, pos0, m, trace=trace)
         X = x0[:, None, :].expand(m, n, d)                                      # [m, n, d]
         keep_t = torch.tensor(keep, device=self.device) if pool is not None else None
@@ -306,8 +312,8 @@ class V2Model:
                         acc = acc + site.taps[j] * state.vraw[s, (p - j * dil) % R]
                 v[r] = acc
             if trace:
-                trace(f"engram_k{s}", None, k[0])
-                trace(f"engram_v{s}", None, v[0])
+                trace(f"engram_k{s}", None, row0(trace, k))
+                trace(f"engram_v{s}", None, row0(trace, v))
             out.append((k, v))
         return out
 
@@ -352,10 +358,10 @@ class V2Model:
                               ("block_out", z + mo), ("y", y), ("hpost", hpost),
                               ("res_logits", res), ("hres", P)):
                 if val is not None:
-                    trace(name, i, val[0] if name != "alpha" else val[0, 0])
+                    trace(name, i, row0(trace, val if name != "alpha" else val[:, 0]))
         X = torch.bmm(P, X) + hpost[:, :, None] * y[:, None, :]
         if trace:
-            trace("x", i, X[0])
+            trace("x", i, row0(trace, X))
         return X
 
     def attention(self, i: int, h, cos, sin, state, pos0: int, *, attend=None):
@@ -431,9 +437,9 @@ class V2Model:
         return step_layer(self, i, lanes, state, pos, engram=engram, trace=trace,
                           prefill=prefill)
 
-    def prefill_batch(self, tokens, state: V2State, batch, logits=None):
+    def prefill_batch(self, tokens, state: V2State, batch, logits=None, trace=None):
         from .batch import prefill_batch
-        return prefill_batch(self, tokens, state, batch, logits)
+        return prefill_batch(self, tokens, state, batch, logits, trace=trace)
 
     def encode_contrastive(self, tokens, *, window: int = 0):
         """Probe head over tokens [T] or a batch [B, T] (port/heads.py); window 0: full causal."""

@@ -91,12 +91,13 @@ def test_run_plant_demo_exits_1_at_the_planted_point(capsys):
 
 
 def test_list_faults_and_unplantable_faults(capsys):
-    from ladder.faults import FAULTS
+    from ladder.faults import FAULTS, PATH_FAULTS
     lines = []
     assert main(["run", "--list-faults"], out=lines.append) == 0
     lines = "\n".join(lines).splitlines()
-    assert [ln.split()[0] for ln in lines] == list(FAULTS)
-    assert "cq_norms_f32" in lines[-1] and "backends torch, triton:" in lines[-1]
+    assert [ln.split()[0] for ln in lines] == list(FAULTS) + list(PATH_FAULTS)
+    last = lines[len(FAULTS) - 1]
+    assert "cq_norms_f32" in last and "backends torch, triton:" in last
     for argv, msg in ((["--plant", "nope"], "--plant nope: unknown"),
                       (["--plant", "cq_norms_f32"], "lives in cq weights"),
                       (["--plant", "cq_norms_f32", "--weights", "cq", "--backend", "native"],
