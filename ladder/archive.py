@@ -10,7 +10,7 @@ Layout (format "needle-parity-trace", schema_version 1; README "Bring your own p
   point names as the registry spells them (ladder/points.py); the leading axis is the
   positions captured: every position of the step (`captured = "all"`) or only its last
   (`"last"`); float32, float64, float16 or bfloat16 (the two halves are widened to float32
-  on reading, and the manifest says so);
+  on reading, and the manifest says so), int64 for index points;
 - the manifest: one JSON string in the safetensors metadata under `needle_parity_trace`:
 
       format, schema_version
@@ -24,6 +24,7 @@ Layout (format "needle-parity-trace", schema_version 1; README "Bring your own p
       captured     "all" | "last"
       points       point names in forward order
       not_emitted  {point (every step) or step/point: why it is absent}
+      leading_axis "positions" (default) or "free" (V4.1: the point's own first axis)
 
 The reader refuses anything else with ArchiveError naming the field (or tensor) and the
 limit. The comparison engine needs only `Ladder`; nothing here knows the model.
@@ -46,7 +47,11 @@ MAX_STEPS = 1 << 16
 MAX_POINTS = 1 << 16
 MAX_NAME = 200                      # characters of a step or point name
 MAX_TOKEN = 1 << 31
-_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+# "positions": a value's leading axis is the positions captured (needle v2); "free": the
+# producer's own layout (V4.1's points, e.g. the compressed rows a call publishes)
+LEADING_AXES = ("positions", "free")
+# int64: index points (V4.1's selected rows), compared exactly by the engine
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64)
 
 
 class ArchiveError(ValueError):
@@ -64,7 +69,7 @@ def _argmax(ladder: Ladder) -> dict:
 
 def manifest_for(ladder: Ladder, *, producer: dict, geometry: dict, kv_window: int,
                  weights: dict, prompt_len: int, not_emitted: dict | None = None,
-                 points: list | None = None) -> dict:
+                 points: list | None = None, leading_axis: str = "positions") -> dict:
     """The manifest of `ladder` (the fields above); `not_emitted` adds to `ladder.hidden`;
     `points` names them for a writer that fills the values later (needle_trace)."""
     points = list(points or [])
@@ -84,7 +89,7 @@ def manifest_for(ladder: Ladder, *, producer: dict, geometry: dict, kv_window: i
                      "steps": [{"name": s.name, "pos": s.pos, "len": len(s.tokens)}
                                for s in ladder.steps]},
         "argmax": _argmax(ladder), "captured": ladder.captured, "points": points,
-        "not_emitted": missing,
+        "not_emitted": missing, "leading_axis": leading_axis,
     }
 
 
@@ -147,6 +152,10 @@ def parse_manifest(text, where: str) -> dict:
         _need(m, key, kind, where)
     if m["captured"] not in CAPTURED:
         raise ArchiveError(f"{where}: field captured={m['captured'][:20]!r}; one of {CAPTURED}")
+    m.setdefault("leading_axis", "positions")
+    if m["leading_axis"] not in LEADING_AXES:
+        raise ArchiveError(f"{where}: field leading_axis={str(m['leading_axis'])[:20]!r}; one "
+                           f"of {LEADING_AXES}")
     sch = m["schedule"]
     tokens = _need(sch, "tokens", list, f"{where}: schedule")
     if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TOKEN
@@ -158,19 +167,22 @@ def parse_manifest(text, where: str) -> dict:
     if not 1 <= len(steps) <= MAX_STEPS:
         raise ArchiveError(f"{where}: field schedule.steps holds {len(steps)} steps; needs "
                            f"1..{MAX_STEPS}")
-    out, pos = [], 0
+    # A step takes the next `len` tokens; its first position is `pos` (a run restarted at 0,
+    # as V4.1's scenarios are, has steps that do not continue one another).
+    out, used = [], 0
     for i, s in enumerate(steps):
         at = f"{where}: schedule.steps[{i}]"
         name = _name(_need(s, "name", str, at), "step name", at)
-        if _need(s, "pos", int, at) != pos:
-            raise ArchiveError(f"{at}: field pos={s['pos']}; the steps before end at {pos}")
+        pos = _need(s, "pos", int, at)
+        if not 0 <= pos < MAX_TOKEN:
+            raise ArchiveError(f"{at}: field pos={pos} outside 0..{MAX_TOKEN - 1}")
         n = _need(s, "len", int, at)
-        if not 1 <= n <= len(tokens) - pos:
-            raise ArchiveError(f"{at}: field len={n} must lie in 1..{len(tokens) - pos} "
+        if not 1 <= n <= len(tokens) - used:
+            raise ArchiveError(f"{at}: field len={n} must lie in 1..{len(tokens) - used} "
                                f"(the tokens left)")
-        out.append(Step(name, pos, tuple(tokens[pos:pos + n])))
-        pos += n
-    if pos != len(tokens) or len({s.name for s in out}) != len(out):
+        out.append(Step(name, pos, tuple(tokens[used:used + n])))
+        used += n
+    if used != len(tokens) or len({s.name for s in out}) != len(out):
         raise ArchiveError(f"{where}: field schedule.steps must cover the {len(tokens)} tokens "
                            f"once, with distinct names")
     if len(m["points"]) > MAX_POINTS or len(set(m["points"])) != len(m["points"]):
@@ -307,9 +319,10 @@ def load(path, max_memory: int | None = None, lazy: bool = False) -> Ladder:
             if key not in infos:
                 continue
             dtype, shape = infos[key][:2]
-            if dtype not in _DTYPES or len(shape) < 1 or shape[0] != rows:
+            free = m["leading_axis"] == "free"
+            if dtype not in _DTYPES or len(shape) < 1 or (shape[0] != rows and not free):
                 raise ArchiveError(f"{where}: tensor {key!r} is {dtype} {shape}; needs a float "
-                                   f"dtype and a leading axis of {rows} position(s)")
+                                   f"(or int64) dtype and a leading axis of {rows} position(s)")
             if dtype in (torch.float16, torch.bfloat16):
                 upcast.append(key)
             keys.append(key)

@@ -444,7 +444,7 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("--per-step", action="store_true")
         else:
             p.add_argument("side", choices=["reference", "torch", "native", "triton", "port",
-                                            "native-exe"],
+                                            "native-exe", "official"],
                            help="native-exe: the C step as a standalone program "
                                 "(kernels/native/needle_trace.c) writes the archive itself")
             p.add_argument("--plant", metavar="FAULT", default=None,
@@ -463,6 +463,11 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--port", default=None, metavar="MODULE:FACTORY",
                        help="an in-process port (ladder/ports.py): side 'port'")
         p.add_argument("--no-check-plain", action="store_true")
+        p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
+                       help="attn_v41: the V4.1 attention's ladder over its fixture's calls "
+                            "(sides: an archive, official, reference, torch, triton)")
+        p.add_argument("--fixture", default=None, help="attn_v41: the fixture stem (default "
+                       "the committed one)")
     p = sub.add_parser("rules", help="print the tolerance rules (default or --rules FILE)")
     p.add_argument("--rules")
     p.add_argument("--format", default="toml", choices=["toml", "json"])
@@ -510,12 +515,16 @@ def main(argv=None, out=print) -> int:
     cmd = {"run": cmd_run, "locate": cmd_locate, "report": cmd_report, "regen": cmd_regen,
            "rules": cmd_rules, "compare": compare_cli.cmd_compare,
            "dump": compare_cli.cmd_dump}[args.cmd]
+    if args.cmd in ("compare", "dump") and args.model == "attn_v41":
+        from . import v41_archive
+        cmd = {"compare": v41_archive.cmd_compare, "dump": v41_archive.cmd_dump}[args.cmd]
     if args.cmd == "regen" and args.format == "needle-rs":
         cmd = compare_cli.cmd_regen_needle_rs
         if args.out is None:
             args.out = "v2_forward_vectors"
     try:
-        if _other_model(args):        # refuse the options a V4.1 run would silently ignore
+        if _other_model(args) and args.cmd not in ("compare", "dump"):
+            # refuse the options a V4.1 run would silently ignore
             from .v41_cli import refuse_other_options
             refuse_other_options(args, sys.argv[1:] if argv is None else argv,
                                  parser().parse_args([args.cmd]))

@@ -103,7 +103,7 @@ def _archive_bytes(tmp_path, mutate):
     (lambda m, t: m.update(format="other"), "field format"),
     (lambda m, t: m.update(schema_version=2), "schema_version=2"),
     (lambda m, t: m.update(captured="some"), "field captured"),
-    (lambda m, t: m["schedule"]["steps"][1].update(pos=99), "field pos=99"),
+    (lambda m, t: m["schedule"]["steps"][1].update(pos=-1), "field pos=-1 outside"),
     (lambda m, t: m["schedule"]["steps"][0].update(len=10 ** 9), "field len="),
     (lambda m, t: m["schedule"].update(tokens=[-1]), "schedule.tokens"),
     (lambda m, t: m.update(points=m["points"][1:]), "is not '{step}/{point}'"),
@@ -379,3 +379,27 @@ def test_a_summary_comparison_keeps_what_the_verdicts_read():
     assert [r.key for r in part.rows if r.step == "decode03"] == \
         [r.key for r in full.rows if r.step == "decode03"]      # the first failing step whole
     assert str(part).splitlines()[0] == str(full).splitlines()[0]
+
+
+def test_v41_runs_through_the_same_dump_and_compare(tmp_path, capsys):
+    """The V4.1 attention's ladder as an archive: dump -> compare equals `run`'s comparison
+    (reference vs official, port vs reference) row for row."""
+    from ladder.rules import V41_RULESET
+    from ladder.v41 import compare as v41_compare, load_fixture, run_side
+    from reference.v41.attn import AttnV41
+    path = tmp_path / "v41.safetensors"
+    assert main(["dump", "reference", "--model", "attn_v41", "--out", str(path)]) == 0
+    lad = Ladder.load(path)
+    assert lad.meta["leading_axis"] == "free" and any(v.dtype == torch.int64
+                                                      for v in lad.values.values())
+    man, rec, w = load_fixture()
+    ref_run = run_side(AttnV41(man["model_args"], w), man, rec)
+    live = v41_compare(ref_run, rec, "v41_official", man["calls"], V41_RULESET)
+    from ladder.v41 import to_ladder
+    dumped = compare_ladders(lad, to_ladder(rec, man["calls"], "official"), V41_RULESET,
+                             prefix="v41_official")
+    assert _rows(dumped) == _rows(live)
+    capsys.readouterr()
+    assert main(["compare", str(path), "official", "--model", "attn_v41"]) == 0
+    assert "0 failing (PASS)" in capsys.readouterr().out
+    assert main(["compare", "torch", str(path), "--model", "attn_v41"]) == 0
