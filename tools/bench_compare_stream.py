@@ -10,7 +10,8 @@ the other's memory: "memory" loads both ladders whole and times compare_ladders 
 spends comparing); "stream" opens both lazily (ladder/archive.py LazyValues: one step of each
 side held) and times the same call. Peak memory is the child's peak resident set during the
 comparison above its resident set just before it (the kernel's high-water mark, reset first
-through /proc/self/clear_refs), beside the largest single step of the two archives together.
+through /proc/self/clear_refs; after a warm-up comparison of one step, so one-time costs are
+not counted), beside the largest single step of the two archives together.
 The comparison's own result rows (one PointResult per step and point) are counted separately:
 they are the output, and grow with the schedule whatever the inputs' layout. Expected runtime
 on the 2-core machine at the shipped defaults: about 3 minutes to write the archives, 1 minute
@@ -59,6 +60,14 @@ def child(mode: str, a: str, b: str) -> dict:
                     t = lad[f"{st.name}/{p}"]
                     n += t.numel() * t.element_size()
         largest = max(largest, n)
+    # Warm up on one decode step first: the first comparison in a process pays ~25 MB of
+    # one-time costs (kernels, numpy and allocator arenas) whatever the ladders' size, which
+    # would otherwise read as the comparison's memory.
+    st = la.steps[1] if len(la.steps) > 1 else la.steps[0]
+    sub = lambda lad: Ladder([st], {f"{st.name}/{p}": lad[f"{st.name}/{p}"]  # noqa: E731
+                                    for p in lad.points(st.name)}, lad.label)
+    compare_ladders(sub(la), sub(lb), DEFAULT_RULES, keep="summary" if mode == "stream"
+                    else "all")
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")                          # reset VmHWM to the current RSS
