@@ -70,7 +70,7 @@ def test_cosine_and_sqnr_by_hand():
 
 
 def test_nan_inf_counts_each_way_and_finite_part_statistics():
-    a = torch.tensor([[float("nan"), float("inf"), float("inf"), 1.0, 5.0]])
+    a = torch.tensor([[float("nan"), float("inf"), -float("inf"), 1.0, 5.0]])
     b = torch.tensor([[0.0, 1.0, 2.0, float("-inf"), 3.0]])
     m = metrics(a, b, 1e-3)
     assert (m["nan_a"], m["nan_b"], m["inf_a"], m["inf_b"]) == (1, 0, 2, 1)
@@ -89,6 +89,8 @@ def test_rule_error_mismatch_and_allowance_maxabs_by_hand():
     assert Rule(0.1, atol=0.1).error(A, B) == pytest.approx(2.0, rel=1e-12)
     # exactly at the allowance passes (<= 1), just past it fails
     assert Rule(0.25).check(A, B) and not Rule(0.2499).check(A, B)
+    at = compare_point("s", "L00.x", A, B, "t/*", Rule(0.25), 1e-3)   # ratios [.5, 0, ~0, 1]
+    assert at.passed and at.error == 1.0 and at.mismatch == 0.0
 
 
 def test_rule_error_elementwise_and_the_floor_by_hand():
@@ -266,6 +268,14 @@ def test_locate_bisection_reads_the_failing_position_not_the_worst():
     assert "first failing position 1" in text
 
 
+def test_locate_prints_the_coarse_points_first_failing_position_not_its_worst():
+    port, ref = _ladders({("prefill", "L00.q"): {0: 0.3},
+                          ("prefill", "L00.y"): {0: 0.2, 1: 0.5}})
+    text = str(locate(compare_ladders(port, ref, RuleSet(rules={"port/*": Rule(0.1)}))))
+    assert "coarse ladder first fails at prefill/L00.y (err 2 of allowance at position 0)" \
+        in text, text
+
+
 def test_locate_when_the_first_divergence_is_coarse_or_outside_the_layers():
     port, ref = _ladders({("prefill", "L00.u"): {0: 1.0}})
     loc = locate(compare_ladders(port, ref, RuleSet(rules={"port/*": Rule(0.1)})))
@@ -278,3 +288,136 @@ def test_locate_when_the_first_divergence_is_coarse_or_outside_the_layers():
         assert loc.point == point and loc.bisection == [] and says in loc.verdict
     port, ref = _ladders({})
     assert locate(compare_ladders(port, ref, RuleSet(rules={"port/*": Rule(0.1)}))) is None
+
+
+# ---------------------------------------------------------------- the registry's shape check
+from ladder import fixtures                                       # noqa: E402
+from ladder.names import TraceError                               # noqa: E402
+from ladder.points import check_ladder, expected                  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def registry_ladder(tiny_cfg):
+    """A ladder holding exactly the registry's points (zeros), prefill of 2 + one decode."""
+    steps = schedule([1, 2, 3], 2)
+    vals = {f"{st.name}/{n}": torch.zeros(len(st.tokens), *shape)
+            for st in steps for n, shape in expected(tiny_cfg)}
+    return steps, vals
+
+
+def _check(tiny_cfg, registry_ladder, edit):
+    steps, vals = registry_ladder
+    vals = dict(vals)
+    edit(vals)
+    check_ladder(Ladder(steps, vals, "probe"), tiny_cfg)
+
+
+def test_check_ladder_passes_the_registry_itself(tiny_cfg, registry_ladder):
+    _check(tiny_cfg, registry_ladder, lambda v: None)
+
+
+def test_check_ladder_refuses_a_wrong_positions_axis(tiny_cfg, registry_ladder):
+    def edit(v):
+        v["prefill/L00.q"] = torch.zeros(1, *v["prefill/L00.q"].shape[1:])
+    with pytest.raises(TraceError, match=r"prefill/L00.q: shape \[1, .*registry says \[2, "):
+        _check(tiny_cfg, registry_ladder, edit)
+
+
+def test_check_ladder_refuses_each_trailing_dim(tiny_cfg, registry_ladder):
+    """Every trailing axis of every multi-axis point, one larger, is refused by name."""
+    n = 0
+    for name, shape in expected(tiny_cfg):
+        for ax in range(len(shape)):
+            def edit(v, ax=ax, name=name, shape=shape):
+                bad = list(shape)
+                bad[ax] += 1
+                v[f"decode00/{name}"] = torch.zeros(1, *bad)
+            with pytest.raises(TraceError, match=f"decode00/{name}: shape"):
+                _check(tiny_cfg, registry_ladder, edit)
+            n += 1
+    assert n > len(expected(tiny_cfg))              # some points have two trailing axes
+
+
+def test_check_ladder_refuses_missing_extra_and_reordered_points(tiny_cfg, registry_ladder):
+    with pytest.raises(TraceError, match=r"missing \['L01.v'\]"):
+        _check(tiny_cfg, registry_ladder, lambda v: v.pop("decode00/L01.v"))
+    with pytest.raises(TraceError, match=r"not in it \['L01.extra'\]"):
+        _check(tiny_cfg, registry_ladder,
+               lambda v: v.update({"decode00/L01.extra": torch.zeros(1, 3)}))
+
+    def swap(v):                              # q and k exchange places in the dict's order
+        items = list(v.items())
+        i = next(j for j, (k, _) in enumerate(items) if k == "prefill/L00.q")
+        items[i], items[i + 1] = items[i + 1], items[i]
+        assert items[i][0] == "prefill/L00.k"
+        v.clear()
+        v.update(items)
+    with pytest.raises(TraceError, match="out of forward order"):
+        _check(tiny_cfg, registry_ladder, swap)
+
+
+# ---------------------------------------------------------------- fixture bounds, edge and past
+from ladder_common import FIXTURE                                 # noqa: E402
+
+
+def _fixture_copy(tmp_path, edit):
+    import json
+    import shutil
+    stem = str(tmp_path / "fx")
+    for ext in (".safetensors", ".json"):
+        shutil.copyfile(FIXTURE + ext, stem + ext)
+    m = json.load(open(stem + ".json"))
+    edit(m)
+    json.dump(m, open(stem + ".json", "w"))
+    return stem
+
+
+@pytest.mark.parametrize("field, edge, past, msg", [
+    ("seed", 2 ** 63 - 1, 2 ** 63, "field seed="),     # torch.Generator.manual_seed's int64
+    ("seed", 0, -1, "field seed=-1 outside"),
+])
+def test_manifest_seed_at_its_bounds(tmp_path, field, edge, past, msg):
+    fixtures.read_manifest(_fixture_copy(tmp_path, lambda m: m.update({field: edge})) + ".json")
+    with pytest.raises(fixtures.FixtureError, match=msg):
+        fixtures.read_manifest(_fixture_copy(tmp_path, lambda m: m.update({field: past}))
+                               + ".json")
+
+
+def test_manifest_prompt_len_at_its_bounds(tmp_path):
+    m = fixtures.read_manifest(_fixture_copy(
+        tmp_path, lambda m: m["schedule"].update(prompt_len=1)) + ".json")
+    assert m["schedule"]["prompt_len"] == 1
+    with pytest.raises(fixtures.FixtureError, match="prompt_len=0 outside 1"):
+        fixtures.read_manifest(_fixture_copy(
+            tmp_path, lambda m: m["schedule"].update(prompt_len=0)) + ".json")
+
+
+def test_fixture_length_and_window_at_max_seq_len(tmp_path):
+    """schedule.tokens may hold max_seq_len positions and kv_window may equal max_seq_len;
+    one more of either is refused by name."""
+    n = len(fixtures.read_manifest(FIXTURE + ".json")["schedule"]["tokens"])
+    fx = fixtures.load(_fixture_copy(tmp_path, lambda m: m["config"].update(max_seq_len=n)))
+    assert fx.cfg.max_seq_len == n == len(fx.tokens)
+    with pytest.raises(fixtures.FixtureError, match=f"holds {n} positions, more than "
+                                                    f"max_seq_len={n - 1}"):
+        fixtures.load(_fixture_copy(tmp_path, lambda m: m["config"].update(max_seq_len=n - 1)))
+    msl = fixtures.read_manifest(FIXTURE + ".json")["config"]["max_seq_len"]
+    fx = fixtures.load(_fixture_copy(tmp_path, lambda m: m["schedule"].update(kv_window=msl)))
+    assert fx.window == msl
+    with pytest.raises(fixtures.FixtureError, match=f"kv_window={msl + 1} exceeds"):
+        fixtures.load(_fixture_copy(tmp_path,
+                                    lambda m: m["schedule"].update(kv_window=msl + 1)))
+
+
+def test_fixture_token_ids_at_the_vocabulary_edge(tmp_path):
+    v = fixtures.read_manifest(FIXTURE + ".json")["config"]["vocab_size"]
+
+    def tok(t):
+        return lambda m: m["schedule"]["tokens"].__setitem__(0, t)
+    # the largest id passes the bound and is caught by the tokens tensor's digest instead
+    with pytest.raises(fixtures.FixtureError, match="tensor 'tokens' differs"):
+        fixtures.load(_fixture_copy(tmp_path, tok(v - 1)))
+    with pytest.raises(fixtures.FixtureError, match=f"id {v} outside 0..vocab_size-1"):
+        fixtures.load(_fixture_copy(tmp_path, tok(v)))
+    with pytest.raises(fixtures.FixtureError, match="id -1 outside"):
+        fixtures.load(_fixture_copy(tmp_path, tok(-1)))
