@@ -236,3 +236,55 @@ def test_nat_layer_refuses_bad_layers_and_positions_itself(c_step, tiny_cfg):
         assert all(torch.equal(x, y) for x, y in zip(before, _snapshot(state, X))), (i, pos)
     assert run(L - 1, S - 1) == 0 and not torch.equal(X, torch.ones_like(X))
     assert run(0, 0) == 0
+
+
+# ---------------------------------------------------------------- rules-file bounds
+def _rules_file(tmp_path, rules, **extra):
+    import json
+    p = tmp_path / "rules.json"
+    p.write_text(json.dumps(dict({"rules": rules}, **extra)))
+    return p
+
+
+def test_rules_file_counts_and_pattern_length_at_the_limit_and_one_past(tmp_path):
+    from ladder.rules import MAX_PATTERN, MAX_RULES, RulesError, load_rules
+    catch = [{"pattern": "*", "rtol": 1e-5}]
+    many = [{"pattern": f"port/p{i}", "rtol": 1e-5} for i in range(MAX_RULES - 1)]
+    assert len(load_rules(_rules_file(tmp_path, many + catch)).rules) == MAX_RULES
+    with pytest.raises(RulesError, match=f"{MAX_RULES + 1}.*{MAX_RULES}|{MAX_RULES}.*"
+                                         f"{MAX_RULES + 1}"):
+        load_rules(_rules_file(tmp_path, many + [{"pattern": "port/x", "rtol": 1e-5}] + catch))
+    long = "port/" + "a" * (MAX_PATTERN - 5)
+    assert len(long) == MAX_PATTERN
+    load_rules(_rules_file(tmp_path, [{"pattern": long, "rtol": 1e-5}] + catch))
+    with pytest.raises(RulesError, match=f"exceeds the limit {MAX_PATTERN}"):
+        load_rules(_rules_file(tmp_path, [{"pattern": long + "a", "rtol": 1e-5}] + catch))
+
+
+def test_rule_tolerances_and_topk_at_the_limit_and_one_past():
+    from ladder.rules import MAX_TOLERANCE, LogitsRule, Rule, RulesError
+    Rule(MAX_TOLERANCE, atol=MAX_TOLERANCE, floor=MAX_TOLERANCE)
+    for field in ("rtol", "atol", "floor"):
+        kw = dict(rtol=1e-5)
+        kw[field] = MAX_TOLERANCE * (1 + 1e-12)
+        with pytest.raises(RulesError, match=f"field {field}="):
+            Rule(**kw)
+        kw[field] = -1e-300 if field != "rtol" else -1e-300
+        with pytest.raises(RulesError, match=f"field {field}="):
+            Rule(**kw)
+    LogitsRule(topk=1 << 20, tie_factor=MAX_TOLERANCE)
+    LogitsRule(topk=1)
+    for kw in (dict(topk=(1 << 20) + 1), dict(topk=0), dict(tie_factor=MAX_TOLERANCE * 1.001)):
+        with pytest.raises(RulesError):
+            LogitsRule(**kw)
+
+
+def test_json_nesting_and_number_length_at_the_limit_and_one_past():
+    edge = b"[" * safe_io.MAX_DEPTH + b"]" * safe_io.MAX_DEPTH
+    safe_io.parse_json(edge, "probe")
+    with pytest.raises(safe_io.InputFileError, match="nesting depth"):
+        safe_io.parse_json(b"[" + edge + b"]", "probe")
+    num = b"1" * safe_io.MAX_NUMBER_CHARS
+    safe_io.parse_json(b"[" + num + b"]", "probe")
+    with pytest.raises(safe_io.InputFileError, match="number literal"):
+        safe_io.parse_json(b"[" + num + b"1]", "probe")

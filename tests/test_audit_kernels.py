@@ -206,3 +206,24 @@ def test_ternary_and_mixed_width_products_through_the_fused_body(tiny_params, ti
         [(at.get(r, r), bits, width) for r, bits, width in want]
     assert sum(blk.out for blk in blocks) == b.fused.w.qkvg[0].out_features
     _steps_agree(a, b, tiny_cfg)
+
+
+# qk_rope_ring: each head is normed on its own; one q head and one k head tiny (eps decides
+# there), the others ordinary, so a norm over the wrong span or without eps shows.
+from kernels.qk_rope_ring import qk_rope_ring_torch, qk_rope_ring_triton   # noqa: E402
+from tests.test_kernels_qk_rope_ring import PARTS, case as qk_case, float64_prelude  # noqa: E402
+
+
+@pytest.mark.parametrize("name,impl", _impls(qk_rope_ring_torch, qk_rope_ring_triton))
+def test_qk_rope_ring_where_eps_decides_one_head(name, impl):
+    H, KV, hd = 4, 2, 12
+    args = qk_case(H, KV, hd, 8, 5, seed=31)
+    x = args[0].clone()
+    x[:hd] *= 1e-5                                   # q head 0
+    x[H * hd + hd:H * hd + 2 * hd] *= 1e-5           # k head 1
+    args[0] = x
+    got = impl(*args, H=H, KV=KV)
+    want = float64_prelude(*args, H=H, KV=KV)
+    assert float(want[0][0].abs().max()) < 0.1 < float(want[0][1].abs().max())
+    for part, a, b in zip(PARTS, got, want):
+        assert rule_for(f"qk_rope_ring/{name}", KERNEL_RULES).check(a.cpu(), b), part
