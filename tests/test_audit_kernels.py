@@ -227,3 +227,30 @@ def test_qk_rope_ring_where_eps_decides_one_head(name, impl):
     assert float(want[0][0].abs().max()) < 0.1 < float(want[0][1].abs().max())
     for part, a, b in zip(PARTS, got, want):
         assert rule_for(f"qk_rope_ring/{name}", KERNEL_RULES).check(a.cpu(), b), part
+
+
+# engram_prelude: the value ring is written in place; as a strided, offset view of a bigger
+# buffer (a site's rows inside a [sites, R, d + pad] block) it receives the same row, read back
+# by the taps, and nothing around it moves.
+from kernels.engram_prelude import engram_prelude_torch, engram_prelude_triton   # noqa: E402
+from tests.test_kernels_engram_prelude import case as eg_case                     # noqa: E402
+
+
+@pytest.mark.parametrize("name,impl", _impls(engram_prelude_torch, engram_prelude_triton))
+@pytest.mark.parametrize("form", ["dense", "packed"])
+def test_engram_prelude_writes_a_strided_offset_ring(name, impl, form):
+    args, kw, _ = eg_case(seed=41, form=form)
+    ring = args[4]
+    R, d = ring.shape
+    want_ring = ring.clone()
+    a2 = list(args)
+    a2[4] = want_ring
+    want = impl(*a2, **kw)
+    big = torch.full((R, d + 7), 5.0, device=DEV)
+    view = big[:, 3:3 + d]                                 # row stride d + 7, offset 3
+    view.copy_(ring)
+    a2[4] = view
+    got = impl(*a2, **kw)
+    assert torch.equal(got, want) and torch.equal(view, want_ring)
+    assert torch.equal(big[:, :3], torch.full((R, 3), 5.0, device=DEV))
+    assert torch.equal(big[:, 3 + d:], torch.full((R, 4), 5.0, device=DEV))
