@@ -128,6 +128,15 @@ def test_engram_sites_at_num_layers_and_one_past(tiny_cfg):
         _cfg(tiny_cfg, engram_layers=(L,))
 
 
+def test_engram_tables_at_d_model_and_one_past(tiny_cfg):
+    """tables = orders x heads; each table's sub-dimension d_model // tables must be >= 1."""
+    d, n = tiny_cfg.d_model, len(tiny_cfg.engram_orders)
+    cfg = _cfg(tiny_cfg, engram_heads=d // n)
+    assert cfg.engram_tables == d and cfg.engram_sub == 1
+    with pytest.raises(ConfigError, match="engram sub-dim d_model // tables = 0 must be >= 1"):
+        _cfg(tiny_cfg, engram_heads=d // n + 1)
+
+
 def test_integer_fields_at_max_int_and_one_past(tiny_cfg):
     d = dict(tiny_cfg.to_dict(), pad_token_id=-MAX_INT)
     V2Config.from_file_fields(d)
@@ -236,6 +245,19 @@ def test_nat_layer_refuses_bad_layers_and_positions_itself(c_step, tiny_cfg):
         assert all(torch.equal(x, y) for x, y in zip(before, _snapshot(state, X))), (i, pos)
     assert run(L - 1, S - 1) == 0 and not torch.equal(X, torch.ones_like(X))
     assert run(0, 0) == 0
+
+
+# ---------------------------------------------------------------- file-size caps
+def test_manifest_size_cap_at_the_limit_and_one_past(tmp_path, monkeypatch):
+    from ladder import fixtures
+    from ladder_common import FIXTURE
+    size = len(open(FIXTURE + ".json", "rb").read())
+    monkeypatch.setattr(fixtures, "MAX_MANIFEST", size)
+    fixtures.read_manifest(FIXTURE + ".json")
+    monkeypatch.setattr(fixtures, "MAX_MANIFEST", size - 1)
+    with pytest.raises(fixtures.FixtureError, match=f"{size} bytes exceeds the manifest limit "
+                                                    f"{size - 1}"):
+        fixtures.read_manifest(FIXTURE + ".json")
 
 
 # ---------------------------------------------------------------- rules-file bounds
