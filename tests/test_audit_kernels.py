@@ -254,3 +254,20 @@ def test_engram_prelude_writes_a_strided_offset_ring(name, impl, form):
     assert torch.equal(got, want) and torch.equal(view, want_ring)
     assert torch.equal(big[:, :3], torch.full((R, 3), 5.0, device=DEV))
     assert torch.equal(big[:, 3 + d:], torch.full((R, 4), 5.0, device=DEV))
+
+
+@pytest.mark.parametrize("spec, one_block", [
+    ("embedding=4,engram0.key_proj=1.58,engram0.value_proj=2,default=4", False),
+    ("embedding=4,engram0.key_proj=1.58,engram0.value_proj=1.58,default=4", True),
+])
+def test_engram_kv_of_ternary_and_mixed_widths_through_the_fused_body(tiny_params, tiny_cfg,
+                                                                     spec, one_block):
+    """The prelude kernel takes one code matrix: a ternary|2-bit key/value pair (two level
+    tables) must not be streamed as one block; an all-ternary pair is."""
+    a, b = _fused_pair(tiny_params, tiny_cfg, spec)
+    prod = b.fused.w.engram_kv[0]
+    if one_block:
+        assert [(blk.bits, blk.width) for blk in prod.blocks] == [(2, 5)] and prod.w is None
+    else:
+        assert not prod.blocks and prod.w is not None
+    _steps_agree(a, b, tiny_cfg, n=5)
