@@ -421,3 +421,29 @@ def test_fixture_token_ids_at_the_vocabulary_edge(tmp_path):
         fixtures.load(_fixture_copy(tmp_path, tok(v)))
     with pytest.raises(fixtures.FixtureError, match="id -1 outside"):
         fixtures.load(_fixture_copy(tmp_path, tok(-1)))
+
+
+def test_locate_prints_the_injection_table_and_every_layers_split():
+    """The injection part of the printout, from a Location built by hand: each point's
+    propagated and local error, flagged own / inherited only where the chained run fails."""
+    from ladder.locate import Injected, Location
+    port, ref = _ladders({("decode00", "L00.q"): {0: 0.3}})
+    cmp = compare_ladders(port, ref, RuleSet(rules={"port/*": Rule(0.1)}))
+    loc = Location(cmp.first, 2, cmp.first_coarse, [],
+                   injection=[Injected("L00.nx", "port/*", 0.5, 0.25),
+                              Injected("L00.q", "port/*", 3.0, 2.5),
+                              Injected("L00.k", "port/*", 2.0, 1.0)],
+                   layers=[Injected("L00.x", "port/*", 4.0, 0.5),
+                           Injected("L01.x", "port/*", 0.125, 0.0625)],
+                   verdict="by hand")
+    lines = str(loc).splitlines()
+    i = next(j for j, ln in enumerate(lines) if ln.startswith("  injection at position 2"))
+    assert "L00 re-run on the reference's lanes, Engram and KV history" in lines[i]
+    assert lines[i + 1].split() == ["point", "propagated", "local"]
+    assert lines[i + 2].split() == ["nx", "0.5", "0.25"]                 # passes: no flag
+    assert lines[i + 3].split() == ["q", "3", "2.5", "<-", "own"]
+    assert lines[i + 4].split() == ["k", "2", "1", "<-", "inherited"]    # local 1.0: at bound
+    assert lines[i + 5] == "  every layer's output x at position 2: propagated / local err " \
+                           "of allowance"
+    assert lines[i + 6].split() == ["L00", "4/0.5", "L01", "0.125/0.0625"]
+    assert lines[-1] == "  verdict: by hand"
