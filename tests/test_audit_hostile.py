@@ -60,6 +60,26 @@ def test_a_real_file_truncated_between_stat_and_read_is_refused(tmp_path, monkey
         safe_io.read_capped(p, 100)
 
 
+def test_a_safetensors_file_truncated_between_stat_and_read_is_refused(tmp_path, monkeypatch):
+    """load_safetensors reads tensor by tensor (not through read_capped): a tensor cut short
+    by a file that shrank after its size was taken is refused by name."""
+    import reference.params as params
+    from safetensors.torch import save_file
+    p = str(tmp_path / "t.safetensors")
+    save_file({"a": torch.arange(64, dtype=torch.float32)}, p)
+    assert torch.equal(params.load_safetensors(p)[0]["a"], torch.arange(64.0))
+    real = params.open_regular
+
+    def cut_after_stat(path, limit, error=safe_io.InputFileError, what="file"):
+        f, size = real(path, limit, error, what)
+        with open(path, "r+b") as g:
+            g.truncate(size - 16)
+        return f, size
+    monkeypatch.setattr(params, "open_regular", cut_after_stat)
+    with pytest.raises(params.ParamsError, match="tensor 'a' is truncated .*shrank"):
+        params.load_safetensors(p)
+
+
 def test_a_proc_file_of_size_zero_with_content_is_refused():
     import os
     if not os.path.exists("/proc/self/status"):
