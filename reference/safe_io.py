@@ -75,13 +75,17 @@ def open_regular(path, limit: int, error=InputFileError, what: str = "file"):
 
 def read_capped(path, limit: int, error=InputFileError, what: str = "file") -> bytes:
     """The whole of a regular file of at most `limit` bytes. Reads at most its size + 1 bytes
-    (so the buffer follows the real size, not the limit), and refuses a file that grew."""
+    (so the buffer follows the real size, not the limit), and refuses a file that grew or
+    shrank while it was read."""
     f, size = open_regular(path, limit, error, what)
     with f:
         data = f.read(size + 1)
     if len(data) > size:
         raise error(f"{os.fspath(path)}: {what} grew past its size of {size} bytes while "
                     f"being read")
+    if len(data) < size:     # truncated under us: the bytes read are not the file it was
+        raise error(f"{os.fspath(path)}: {what} shrank to {len(data)} of its {size} bytes "
+                    f"while being read")
     return data
 
 
