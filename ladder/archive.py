@@ -212,14 +212,20 @@ class LazyValues(Mapping):
             a, b, n = self._spans.get(step, (lo, hi, 0))
             self._spans[step] = (min(a, lo), max(b, hi), n + hi - lo)
         self._step, self._cache, self._buf, self._base = None, {}, None, 0
+        self.held = self.peak_held = 0       # bytes of values in memory now / at most
+
+    def _hold(self, n: int):
+        self.held += n
+        self.peak_held = max(self.peak_held, self.held)
 
     def _load_step(self, step):
         """One read for the whole step when its tensors lie together (a writer that sorts
         keys puts them so), else per tensor on demand."""
-        self._step, self._cache, self._buf = step, {}, None
+        self._step, self._cache, self._buf, self.held = step, {}, None, 0
         lo, hi, own = self._spans[step]
         if 0 < hi - lo <= 2 * own:
             self._buf, self._base = self._read(lo, hi, step), lo
+            self._hold(hi - lo)
 
     def _read(self, lo, hi, what):
         buf = torch.empty(hi - lo, dtype=torch.uint8)
@@ -238,8 +244,11 @@ class LazyValues(Mapping):
         t = self._cache.get(key)
         if t is None:
             dtype, shape, lo, hi = self._infos[key]
-            raw = self._buf[lo - self._base:hi - self._base] if self._buf is not None \
-                else self._read(lo, hi, key)
+            if self._buf is not None:
+                raw = self._buf[lo - self._base:hi - self._base]
+            else:
+                raw = self._read(lo, hi, key)
+                self._hold(hi - lo)
             if (lo - self._base) % raw.new_empty((), dtype=dtype).element_size():
                 raw = raw.clone()                # unaligned for this dtype inside the step
             t = raw.view(dtype).reshape(shape)
