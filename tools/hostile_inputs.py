@@ -171,6 +171,7 @@ def cases(tmp) -> list:
     c.append(("params rope_theta = NaN", LADDER + ["--params", params_file(
         tmp, "thetanan", cfg_change={"rope_theta": float("nan")})]))
     c += issue24_cases(tmp)
+    c += issue20_cases(tmp)
     c.append(("legit: tiny preset", LADDER))
     c.append(("legit: cact max_seq_len=2^20", cact("seq20", max_seq_len=2 ** 20)))
     return c
@@ -231,6 +232,76 @@ def issue24_cases(tmp) -> list:
              tmp, "theta30", cfg_change={"rope_theta": 1e-30})]),
          ("reference --seed 2**64", REFERENCE + ["--seed", str(2 ** 64)]),
          ("reference --save unwritable", REFERENCE + ["--save", "/proc/version"])]
+    return c
+
+
+COMPARE = [sys.executable, "-m", "ladder", "compare"]
+
+
+def _archive(tmp, name, manifest_change=None, tensors=None, raw=None) -> str:
+    """A trace archive of one prefill position of the tiny model's embed, its manifest edited."""
+    from safetensors.torch import save_file
+    import torch
+    path = os.path.join(tmp, name + ".safetensors")
+    if raw is not None:
+        with open(path, "wb") as f:
+            f.write(raw)
+        return path
+    m = {"format": "needle-parity-trace", "schema_version": 1, "producer": {}, "geometry": {},
+         "kv_window": 8, "weights": {}, "argmax": {}, "captured": "all", "points": ["embed"],
+         "not_emitted": {}, "schedule": {"tokens": [5], "prompt_len": 1,
+                                         "steps": [{"name": "prefill", "pos": 0, "len": 1}]}}
+    if manifest_change:
+        manifest_change(m)
+    save_file(tensors or {"prefill/embed": torch.zeros(1, 48)}, path,
+              metadata={"needle_parity_trace": json.dumps(m)})
+    return path
+
+
+def _needle_rs(tmp, name, change) -> str:
+    stem = os.path.join(tmp, name)
+    m = {"blob_index": {"prefill/embed": {"offset": 0, "shape": [48]}},
+         "steps": [{"name": "prefill", "pos": 0, "tokens": [5],
+                    "blobs": {"embed": "prefill/embed"}, "argmax": 0}],
+         "geometry": {"d_model": 48, "num_heads": 4, "num_kv_heads": 2, "num_layers": 6,
+                      "head_dim": 12, "mhc_lanes": 4, "engram_layers": [1, 4],
+                      "engram_orders": [2, 3], "rope_theta": 10000.0, "vocab_size": 256},
+         "kv_window": 8, "prompt_ids": [5]}
+    blob = b"\0" * (4 * 48)
+    m, blob = change(m, blob)
+    with open(stem + ".json", "w") as f:
+        json.dump(m, f)
+    with open(stem + ".f32", "wb") as f:
+        f.write(blob)
+    return stem
+
+
+def issue20_cases(tmp) -> list:
+    """Issue #20: the archives, needle-rs fixtures and name maps `ladder compare` reads."""
+    c = [("archive header length past the file", COMPARE + [_archive(
+             tmp, "ahl", raw=struct.pack("<Q", 10 ** 12) + b"{}"), "reference"]),
+         ("archive schema_version 2", COMPARE + [_archive(
+             tmp, "asv", lambda m: m.update(schema_version=2)), "reference"]),
+         ("archive 10^6 steps", COMPARE + [_archive(
+             tmp, "ast", lambda m: m["schedule"].update(steps=[{"name": f"s{i}", "pos": 0,
+                                                                "len": 1}
+                                                               for i in range(10 ** 6)])),
+             "reference"]),
+         ("archive tensor of another step", COMPARE + [_archive(
+             tmp, "aos", tensors={"decode00/embed": __import__("torch").zeros(1, 48)}),
+             "reference"]),
+         ("needle-rs offset past the values", COMPARE + [_needle_rs(
+             tmp, "nro", lambda m, b: (m["blob_index"]["prefill/embed"].update(offset=10 ** 6)
+                                       or m, b)), "reference"]),
+         ("needle-rs values not whole floats", COMPARE + [_needle_rs(
+             tmp, "nrf", lambda m, b: (m, b + b"\0")), "reference"]),
+         ("needle-rs geometry num_layers a string", COMPARE + [_needle_rs(
+             tmp, "nrg", lambda m, b: (m["geometry"].update(num_layers="6") or m, b)),
+             "reference"]),
+         ("name map unknown table", COMPARE + [
+             os.path.join(ROOT, "tests", "fixtures", "upstream_v2.safetensors"), "reference",
+             "--map", rules_file(tmp, "bad-map.toml", '[map]\nname = "x"\n[renames]\n')]),
+         ("compare side a FIFO", COMPARE + [fifo(tmp, "side.safetensors"), "reference"])]
     return c
 
 
