@@ -239,7 +239,8 @@ def fused_residual_gate_skipped():
 
 
 def hash_seed(xor: int = 1):
-    return _patched(pm, "SEED", pm.SEED ^ xor)
+    import port.host as ph                  # the one place the host's n-gram rows are built
+    return _patched(ph, "SEED", ph.SEED ^ xor)
 
 
 def y_minus_bx():
@@ -385,7 +386,7 @@ def graph_body_only_rope_sin():
     """The decode body gathers its RoPE sin rows from the cos table (a copy-paste slip in
     port/graph.py DecodeGraph.body): only `--decode graph` on the torch backend runs it."""
     from port.graph import DecodeGraph
-    return _mutated_method("graph_body_only_rope_sin", DecodeGraph, "body",
+    return _mutated_method("graph_body_only_rope_sin", DecodeGraph, "torch_body",
                            "sin = model.sin.index_select(", "sin = model.cos.index_select(")
 
 
