@@ -40,6 +40,8 @@ class TorchBackend:
     """Eager torch: every op is V2Model's own. decode="graph": decode steps run as prep + the
     torch body (port/graph.py DecodeGraph.torch_body), replayed from a CUDA graph on CUDA."""
     name = "torch"
+    fuses = False                   # decode steps in fused kernels (port/fused.py)
+    needs_triton = False            # the backend launches Triton kernels
     native = False                  # the C step: computes on dense rows or packed codes
     reads_codes = False             # a cq model keeps its codes packed (the native backend)
     traces_body = False             # step_traced runs the decode body (else the eager rows)
@@ -47,6 +49,11 @@ class TorchBackend:
     contiguous_logits = False       # the step writes a contiguous [vocab] buffer only
     capture_table = None            # the C step's capture points (checked by the ladder)
     hidden_points: dict = {}        # points a decode step cannot show -> the kernel holding them
+
+    @classmethod
+    def runs_torch_body(cls, decode: str) -> bool:
+        """Do this backend's decode steps run DecodeGraph.torch_body under `decode`?"""
+        return decode == "graph"
 
     def __init__(self, model, decode: str = "eager"):
         self.model, self.decode = model, decode
@@ -115,7 +122,12 @@ class TritonBackend(TorchBackend):
     """Decode steps in fused Triton kernels (port/fused.py, `model.fused`); prefill rows are
     V2Model's ops with Triton attention."""
     name = "triton"
+    fuses = needs_triton = True
     traces_body = True
+
+    @classmethod
+    def runs_torch_body(cls, decode: str) -> bool:
+        return False
 
     def __init__(self, model, decode: str = "eager"):
         super().__init__(model, decode)
@@ -142,6 +154,7 @@ class TritonBackend(TorchBackend):
 class NativeBackend:
     """The C step (kernels/native/, port/native.py): m positions in one call, eager, CPU."""
     name = "native"
+    fuses = needs_triton = False
     native = True
     reads_codes = True
     runs_body = False
@@ -152,7 +165,7 @@ class NativeBackend:
     graph_capture = graph_replay = False
 
     def __init__(self, model, decode: str = "eager"):
-        if model.device.type != "cpu" or decode != "eager":
+        if not self.runs_on(model.device.type, decode):
             raise ValueError(f"backend='native' runs eagerly on the CPU (device="
                              f"{model.device}, decode={decode!r})")
         self.model, self.decode = model, decode
@@ -160,6 +173,15 @@ class NativeBackend:
         from .native import NativeModel
         self.capture_table = native.CAPTURES
         model._native = NativeModel(model)
+
+    @classmethod
+    def runs_torch_body(cls, decode: str) -> bool:
+        return False
+
+    @classmethod
+    def runs_on(cls, device_type: str, decode: str) -> bool:
+        """Can this backend run on a `device_type` device with `decode`? (CPU, eager.)"""
+        return device_type == "cpu" and decode == "eager"
 
     def uses_body(self, state) -> bool:
         return False
