@@ -201,7 +201,8 @@ class NativeBackend:
     def decode_prep(self, graph, token: int) -> None:
         raise StepError("backend='native' has no decode body: its steps run eagerly")
 
-    decode_body = decode_prep
+    def decode_body(self, graph, trace=None):
+        raise StepError("backend='native' has no decode body: its steps run eagerly")
 
     def step_layer(self, i: int, lanes, state, pos: int, engram, trace, prefill: bool):
         from .native import run_layer

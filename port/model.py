@@ -25,17 +25,18 @@ import torch
 
 from reference import cact
 from reference.config import V2Config
+from . import load
 from .backend import BACKENDS, DECODES, backend_class, check_names, make_backend  # noqa: F401
-from .cq import CqWeight, fwht
+from .cq import CqWeight, fwht  # noqa: F401  (CqWeight: re-exported)
 from .errors import StepError
 from .host import M32, PRIME, SEED, host_row, ngram_rows  # noqa: F401
 from .ops import EPS, log_sinkhorn, rowvecs, sigmoid, silu, unit_rms, zc  # noqa: F401
-from .parts import (Embedding, PartError, V2Mhc, attach_codes, check_parts, model_tensors,
-                    pack_parts, parts_from_weights)
+from .parts import (Embedding, PartError, V2Mhc, attach_codes, check_parts,  # noqa: F401
+                    model_tensors, pack_parts, parts_from_weights)
 from .state import StateError, V2State  # noqa: F401
-from .weights import prepare_weights, rope_tables, walsh
+from .weights import prepare_weights, rope_tables, walsh  # noqa: F401
 
-WEIGHT_FORMS = ("dense", "cq")
+WEIGHT_FORMS = load.WEIGHT_FORMS
 
 
 def row0(trace, v):
@@ -90,13 +91,8 @@ class V2Model:
                     bits_map: str = "embedding=4,mhc=4,default=2", backend: str = "torch",
                     decode: str = "eager"):
         """weights="dense": float32 as given; "cq": quantised as the .cact writer does
-        (`bits_map`), then computed from the codes (see from_cact)."""
-        if weights not in WEIGHT_FORMS:
-            raise ValueError(f"weights={weights!r} is not one of {WEIGHT_FORMS}")
-        if weights == "cq":
-            return cls.from_cactfile(cact.build_cact(params, cfg, bits_map), "cq", device,
-                                     backend, decode)
-        return cls._build(params, cfg, None, device, backend, decode)
+        (`bits_map`), then computed from the codes (see from_cact). port/load.py."""
+        return load.from_params(cls, params, cfg, weights, device, bits_map, backend, decode)
 
     @classmethod
     def from_cact(cls, path, weights: str = "cq", device="cpu", backend: str = "torch",
@@ -108,33 +104,11 @@ class V2Model:
     @classmethod
     def from_cactfile(cls, f, weights: str = "cq", device="cpu", backend: str = "torch",
                       decode: str = "eager"):
-        if weights not in WEIGHT_FORMS:
-            raise ValueError(f"weights={weights!r} is not one of {WEIGHT_FORMS}")
-        cqw = None
-        if weights == "cq":
-            form = "packed" if backend_class(backend).reads_codes else "dense"
-            cqw = {s.name: CqWeight.from_slot(s, form) for s in f.slots
-                   if s.dtype == cact.DTYPE_CQ}
-        if cqw is not None and form == "packed":    # the C step reads the codes as stored
-            w = prepare_weights(f.params, f.config, None, device)
-            parts = pack_parts(parts_from_weights(w, f.config), cqw, f.config)
-            model = cls.new(f.config, *parts, heads=w["heads"], device=device,
-                            backend=backend, decode=decode)
-        else:
-            w = prepare_weights(f.params, f.config, cqw, device)
-            parts = parts_from_weights(w, f.config)
-            if cqw is not None:             # the codes stay beside the rows (fused body)
-                parts = attach_codes(parts, cqw, device)
-            model = cls.new(f.config, *parts, heads=w["heads"], device=device,
-                            backend=backend, decode=decode)
-        model.tokenizer = f.tokenizer
-        return model
+        return load.from_cactfile(cls, f, weights, device, backend, decode)
 
     @classmethod
     def _build(cls, params: dict, cfg: V2Config, cqw, device, backend="torch", decode="eager"):
-        w = prepare_weights(params, cfg, cqw, device)
-        return cls.new(cfg, *parts_from_weights(w, cfg), heads=w["heads"], device=device,
-                       backend=backend, decode=decode)
+        return load.build(cls, params, cfg, cqw, device, backend, decode)
 
     # ---- state ----
     def make_state(self) -> V2State:
