@@ -101,3 +101,46 @@ def test_port_v41_has_no_import_circle():
 def test_the_check_sees_a_circle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# Modules allowed to test a backend's or decode mode's name: the place that picks the port's
+# backend, the V4.1 runtime's own constructor (which picks its ring kernel and graphs there),
+# and the plot module, whose `backend` is matplotlib's, not the port's.
+NAME_TESTS_ALLOWED = {"port/backend.py", "port/v41/attn.py", "ladder/plot.py"}
+
+
+def name_tests(path: str) -> list:
+    """(line, source) of every comparison of a `backend`/`decode` name or attribute with a
+    string constant (or a tuple of them) in the file."""
+    src = open(path, encoding="utf-8").read()
+    found = []
+
+    def named(n):
+        return (isinstance(n, ast.Name) and n.id in ("backend", "decode")) or \
+            (isinstance(n, ast.Attribute) and n.attr in ("backend", "decode"))
+
+    def strings(n):
+        return (isinstance(n, ast.Constant) and isinstance(n.value, str)) or \
+            (isinstance(n, (ast.Tuple, ast.List, ast.Set)) and n.elts and
+             all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in n.elts))
+    for node in ast.walk(ast.parse(src, path)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left] + list(node.comparators)
+            if any(named(s) for s in sides) and any(strings(s) for s in sides):
+                found.append((node.lineno, ast.get_source_segment(src, node)))
+    return found
+
+
+def test_only_the_backend_module_tests_backend_names():
+    bad = []
+    for pkg in ("port", "ladder"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, pkg)):
+            for f in files:
+                if not f.endswith(".py"):
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, f), ROOT).replace(os.sep, "/")
+                if rel not in NAME_TESTS_ALLOWED:
+                    bad += [f"{rel}:{ln}: {seg}" for ln, seg in name_tests(
+                        os.path.join(dirpath, f))]
+    assert not bad, "\n".join(bad)
+    assert name_tests(os.path.join(ROOT, "port", "backend.py"))    # the check sees them
