@@ -128,8 +128,10 @@ def _port_flags(args) -> None:
         _fail(f"--device {args.device}: torch.cuda.is_available() is False here (torch "
               f"{torch.__version__}); use --device cpu")
     _device_kind(args)
-    if args.backend == "native":
-        if dev.type != "cpu" or args.decode != "eager":
+    from port.backend import backend_class
+    cls = backend_class(args.backend)
+    if cls.native:
+        if not cls.runs_on(dev.type, args.decode):
             _fail(f"--backend native runs on the CPU, eagerly (got --device {args.device} "
                   f"--decode {args.decode}); drop those flags, or use --backend torch")
         from kernels.native import unavailable_reason
@@ -137,7 +139,7 @@ def _port_flags(args) -> None:
         if why:
             _fail(f"--backend native cannot run here: {why.splitlines()[0]}; use "
                   f"--backend torch")
-    if args.backend == "triton" and importlib.util.find_spec("triton") is None:
+    if cls.needs_triton and importlib.util.find_spec("triton") is None:
         _fail("--backend triton: Triton is not installed (pip install 'needle-parity[gpu]'); "
               "use --backend torch")
 

@@ -55,9 +55,8 @@ def capture_port(model, tokens, prompt_len: int, *, window=None, keep=None,
     run on `model.make_state()`, the state users get; `window` narrows its attention window
     (an explicit override, e.g. `--window`), None keeps make_state()'s."""
     from port.batch import V2Batch
-    if model.backend == "native":
-        from kernels import native
-        check_native_captures(native.CAPTURES)
+    if model.impl.capture_table is not None:
+        check_native_captures(model.impl.capture_table)
     steps = schedule(tokens, prompt_len)
     ladder = Ladder(steps, label=label)
     state = model.make_state()
@@ -158,10 +157,10 @@ BODY_PATH = ("the decode body", "the decode body path (port/graph.py: DecodeGrap
 
 def _untraced(model, step: str) -> str:
     """Why the located comparison could not run (appended to the plain-check message)."""
-    if step == "prefill" and model.backend == "native":
+    if step == "prefill" and not model.impl.traces_batch:
         return (" (the native C step traces only a call's first row, so prefill_batch could "
                 "not be compared point by point)")
-    if step != "prefill" and model.decode == "graph" and model.device.type == "cuda":
+    if step != "prefill" and model.impl.graph_replay:
         return (" (or the CUDA graph replay: the decode body, traced eagerly, agrees with "
                 "step_traced at every point)")
     return ""
@@ -183,7 +182,7 @@ def locate_path(model, steps, window, keep, ladder: Ladder, label: str, upto: st
     for st in steps:
         S = len(st.tokens)
         if st.name == "prefill":
-            if model.backend == "native":
+            if not model.impl.traces_batch:
                 return
             rec = BatchRecorder(keep)
             out = model.prefill_batch(list(st.tokens), state, V2Batch(model),

@@ -191,7 +191,7 @@ def compare_run(args, out=print):
             "forward_cached; ") + "port step_traced == prefill_batch + step (logits and "
             "caches, torch.equal)")
     else:
-        body = ", the decode body" if model.decode == "graph" or model.backend == "triton" else ""
+        body = ", the decode body" if model.impl.runs_body else ""
         out(f"not checked (--no-check-plain): the port's plain paths (prefill_batch{body}, "
             f"step) did not run, so a bug only in them goes unseen, nor that tracing changes "
             f"no bit")

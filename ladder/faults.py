@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import port.model as pm
+from port.backend import TorchBackend, backend_class
 from port.model import BACKENDS, V2Model
 
 
@@ -63,7 +64,7 @@ class Fault:
         """Why this fault cannot be planted in `backend` ("" when it can)."""
         if backend not in BACKENDS:
             return f"unknown backend {backend!r} (known: {BACKENDS})"
-        if backend == "native" and not self.native:
+        if backend_class(backend).native and not self.native:
             return self.not_native or "it has no counterpart in the C step"
         return ""
 
@@ -74,13 +75,14 @@ class Fault:
                              f"{self.not_in(backend)}")
         if self.needs:
             raise FaultError(f"fault {self.name} cannot be planted: {self.needs}")
-        if backend == "native" and self.native != HOST:
+        cls = backend_class(backend)
+        if cls.native and self.native != HOST:
             if kw:
                 raise FaultError(f"fault {self.name}: the C switch {self.native} is fixed at "
                                  f"build time; parameters {sorted(kw)} apply to torch only")
             from kernels import native
             return native.planted_build(self.native)
-        if backend == "triton" and self.fused is not None:
+        if cls.fuses and self.fused is not None:
             return _both(self.plant(**kw), self.fused(**kw))
         return self.plant(**kw)
 
@@ -239,7 +241,8 @@ def fused_residual_gate_skipped():
 
 
 def hash_seed(xor: int = 1):
-    return _patched(pm, "SEED", pm.SEED ^ xor)
+    import port.host as ph                  # the one place the host's n-gram rows are built
+    return _patched(ph, "SEED", ph.SEED ^ xor)
 
 
 def y_minus_bx():
@@ -385,7 +388,7 @@ def graph_body_only_rope_sin():
     """The decode body gathers its RoPE sin rows from the cos table (a copy-paste slip in
     port/graph.py DecodeGraph.body): only `--decode graph` on the torch backend runs it."""
     from port.graph import DecodeGraph
-    return _mutated_method("graph_body_only_rope_sin", DecodeGraph, "body",
+    return _mutated_method("graph_body_only_rope_sin", DecodeGraph, "torch_body",
                            "sin = model.sin.index_select(", "sin = model.cos.index_select(")
 
 
@@ -403,9 +406,10 @@ class PathFault:
 
     def not_in(self, backend: str, decode: str = "eager") -> str:
         """Why this path does not run as planted in `backend` / `decode` ("" when it does)."""
-        if backend == "native":
+        cls = backend_class(backend)
+        if cls.native:
             return "the C step runs its own batched rows and has no switch for this bug"
-        if self.decode == "graph" and (backend, decode) != ("torch", "graph"):
+        if TorchBackend.runs_torch_body(self.decode) and not cls.runs_torch_body(decode):
             return ("the torch decode body runs only with --backend torch --decode graph "
                     "(the triton backend's body is port/fused.py)")
         return ""
@@ -443,7 +447,8 @@ def describe_paths() -> str:
     lines = []
     for f in PATH_FAULTS.values():
         step, point, pos = f.touches(cfg, 6)
-        where = "torch --decode graph" if f.decode == "graph" else "torch, triton"
+        where = (f"torch --decode {f.decode}" if TorchBackend.runs_torch_body(f.decode)
+                 else "torch, triton")
         lines.append(f"{f.name:22s} only in {f.path}: parts from step_traced at {step}/{point} "
                      f"position {pos} (tiny, prompt 6); backends {where}: {f.what}")
     return "\n".join(lines)

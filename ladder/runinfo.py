@@ -41,12 +41,8 @@ class PortRun:
 
 def thread_count(model) -> str:
     """The threads that compute the port's products: torch's pool, or the C step's own."""
-    if getattr(model, "backend", "torch") == "native":
-        import ctypes
-        from kernels.native import lib
-        n, who = ctypes.c_int.in_dll(lib(), "nat_threads").value, "C"
-    else:
-        n, who = torch.get_num_threads(), "torch"
+    impl = getattr(model, "impl", None)
+    n, who = impl.threads() if impl is not None else (torch.get_num_threads(), "torch")
     return f"{n} {who} thread{'' if n == 1 else 's'}"
 
 
@@ -72,7 +68,7 @@ def graph_verdict(model, checked: bool) -> str:
     step; the graph step (host prep + device body, a CUDA graph replay on CUDA) is the plain
     run that `capture_port(check_plain=True)` compares with it bit for bit, and a difference
     stops the run there, naming the point where the traced body parts (PathError, exit 1)."""
-    if model.decode != "graph":
+    if not model.impl.graph_capture:
         return ""
     if model.make_state().window == 0:
         return ("decode graph: not exercised: make_state() is full causal and the graph step "

@@ -40,6 +40,7 @@ class AttnRuntime:
     def __init__(self, model, state, max_tokens: int | None = None):
         cfg = model.cfg
         self.model, self.cfg, self.state, self.backend = model, cfg, state, model.backend
+        self.kernel = model.impl.attend        # the backend's attention kernel
         self.max_tokens = max_tokens or cfg.max_seq_len
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         dev = state.k.device
@@ -140,9 +141,4 @@ class AttnRuntime:
     def _attend(self, layer, q, sel):
         st = self.state
         k_rows, v_rows = st.k[layer].transpose(0, 1), st.v[layer].transpose(0, 1)  # [R, KV, hd]
-        if self.backend == "triton":
-            o = sparse_attn_triton(q[None], k_rows, v_rows, sel[None], self.scale)
-        else:
-            o = sparse_attn_torch(q[None], k_rows, v_rows, sel[None], self.scale,
-                                  block=TORCH_TILE)
-        return o.reshape(-1)
+        return self.kernel(q[None], k_rows, v_rows, sel[None], self.scale).reshape(-1)

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from .model import StepError, V2Model
-from .state import V2State
+from .errors import StepError
 
 
 class V2Batch:
     """A reusable prefill workspace: chunks of at most `cap` positions per pass."""
 
-    def __init__(self, model: V2Model, cap: int = 64):
+    def __init__(self, model, cap: int = 64):
         if cap < 1:
             raise ValueError(f"cap={cap} must be >= 1")
         self.model, self.cap = model, int(cap)
 
 
-def prefill_batch(model: V2Model, tokens, state: V2State, batch: V2Batch, logits=None,
+def prefill_batch(model, tokens, state, batch: V2Batch, logits=None,
                   trace=None):
     """Feed `tokens` at the state's position; logits (when asked) for the last token only.
 
@@ -33,7 +32,7 @@ def prefill_batch(model: V2Model, tokens, state: V2State, batch: V2Batch, logits
         raise StepError("prefill_batch needs at least one token")
     if batch.model is not model:
         raise StepError("V2Batch was made for another model")
-    if trace is not None and model.backend == "native":
+    if trace is not None and not model.impl.traces_batch:
         raise StepError("a traced prefill_batch needs every chunk row; the native C step "
                         "captures a call's first row only (trace it on torch or triton)")
     for t in tokens:

@@ -17,7 +17,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .attn import WINDOW_CLASS
-from .model import StepError, ngram_rows
+from .errors import StepError
+from .host import host_row
 
 # Ops that read a device value on the host or size their output by data: not capturable.
 HOST_SYNC_OPS = ("_local_scalar_dense", "item", "nonzero", "masked_select", "unique",
@@ -28,12 +29,17 @@ class HostSyncError(RuntimeError):
     """The body did something a CUDA graph cannot replay (names the op)."""
 
 
+def body_state_ok(state) -> bool:
+    """Can a decode body run on this state? A windowed ring without pad keys."""
+    return bool(state.window) and not state.pad_aware
+
+
 class DecodeGraph:
     """Static buffers, prep and body for one (model, state) pair. Ring states only."""
 
     def __init__(self, model, state):
         cfg = model.cfg
-        if not state.window or state.pad_aware:
+        if not body_state_ok(state):
             raise StepError("the graph path needs a windowed ring state without pad keys "
                             f"(window={state.window}, pad_aware={state.pad_aware})")
         self.model, self.state, dev = model, state, model.device
@@ -60,13 +66,11 @@ class DecodeGraph:
         rt.decode_prep(WINDOW_CLASS, pos)       # position, ring slot, selection (or refuses)
         state.tokens.append(token)
         state.valid.append(True)
-        orders = [o for o in cfg.engram_orders for _ in range(cfg.engram_heads_eff)]
+        flat, ok, taps = host_row(cfg, state.tokens, None, pos)     # no pad keys here
         values = {
-            "token": [token], "eslot": [pos % R],
-            "rows": [t * cfg.engram_slots + r for t, r in enumerate(ngram_rows(cfg, state.tokens, pos))],
-            "ngram_ok": [1.0 if pos - (o - 1) >= 0 else 0.0 for o in orders],
+            "token": [token], "eslot": [pos % R], "rows": flat, "ngram_ok": ok,
             "tap_slots": [(pos - j * dil) % R for j in range(cfg.engram_taps)],
-            "tap_ok": [1.0 if pos - j * dil >= 0 else 0.0 for j in range(cfg.engram_taps)],
+            "tap_ok": [1.0 if t else 0.0 for t in taps],
         }
         for name, vals in values.items():
             if self._host.get(name) != vals:              # upload only what changed
@@ -76,11 +80,14 @@ class DecodeGraph:
 
     # ---- device ----
     def body(self, trace=None) -> torch.Tensor:
-        """The device half: the fused kernels on the triton backend (port/fused.py), else the
-        torch ops of V2Model.layer with the runtime's attention. `trace` sees every point a
-        kernel boundary exposes (fused body), or every point V2Model.layer's does (torch)."""
-        if self.model.backend == "triton":
-            return self.model.fused(self, self.state, trace=trace)
+        """The device half, as the model's backend runs it (`impl.decode_body`): the fused
+        kernels on the triton backend (port/fused.py), else `torch_body`. `trace` sees every
+        point a kernel boundary exposes (fused body), or every point V2Model.layer's does."""
+        return self.model.impl.decode_body(self, trace=trace)
+
+    def torch_body(self, trace=None) -> torch.Tensor:
+        """The torch backend's device half: the ops of V2Model.layer with the runtime's
+        attention, every per-token value read from the static buffers."""
         model, state, cfg = self.model, self.state, self.model.cfg
         n, d = cfg.mhc_lanes, cfg.d_model
         x0 = model.embedding.table.index_select(0, self.token) * math.sqrt(d)   # [1, d]
@@ -115,8 +122,8 @@ class DecodeGraph:
         eagerly otherwise (and when traced). Position 0 is a prefill and runs eagerly."""
         if self.state.pos == 0:
             return self.model.run_step(token, self.state, trace=trace)
-        self.prep(token)
-        if trace is not None or self.model.decode != "graph" or self.model.device.type != "cuda":
+        self.model.impl.decode_prep(self, token)
+        if trace is not None or not self.model.impl.graph_replay:
             return self.body(trace=trace)
         if self.graph is None:
             self._capture()

@@ -11,9 +11,11 @@ reads top to bottom in forward order: step -> rows -> engram -> layer -> attenti
 finish. The methods other modules call (graph body, batch, heads, attention runtime, native
 binding, ladder) are its public internal API, flags keyword-only.
 
-Backends: "torch" runs exactly this class's ops; "triton" runs decode steps as the fused
-Triton body of port/fused.py (the same model, ~7 launches per layer; prefill stays here, with
-Triton attention); "native" runs the C step (port/native.py).
+Backends: chosen once when the model is built (`self.impl`, port/backend.py): "torch" runs
+exactly this class's ops; "triton" runs decode steps as the fused Triton body of port/fused.py
+(the same model, ~7 launches per layer; prefill stays here, with Triton attention); "native"
+runs the C step (port/native.py). decode="graph" runs decode steps as prep + a capturable body
+(port/graph.py), replayed from a CUDA graph on CUDA.
 """
 from __future__ import annotations
 
@@ -23,41 +25,24 @@ import torch
 
 from reference import cact
 from reference.config import V2Config
-from .cq import CqWeight, fwht
+from . import load
+from .backend import BACKENDS, DECODES, backend_class, check_names, make_backend  # noqa: F401
+from .cq import CqWeight, fwht  # noqa: F401  (CqWeight: re-exported)
+from .errors import StepError
+from .host import M32, PRIME, SEED, host_row, ngram_rows  # noqa: F401
 from .ops import EPS, log_sinkhorn, rowvecs, sigmoid, silu, unit_rms, zc  # noqa: F401
-from .parts import (Embedding, PartError, V2Mhc, attach_codes, check_parts, model_tensors,
-                    pack_parts, parts_from_weights)
+from .parts import (Embedding, PartError, V2Mhc, attach_codes, check_parts,  # noqa: F401
+                    model_tensors, pack_parts, parts_from_weights)
 from .state import StateError, V2State  # noqa: F401
-from .weights import prepare_weights, rope_tables, walsh
+from .weights import prepare_weights, rope_tables, walsh  # noqa: F401
 
-WEIGHT_FORMS = ("dense", "cq")
-BACKENDS = ("torch", "triton", "native")
-DECODES = ("eager", "graph")
-
-SEED, PRIME, M32 = 0x9E3779B9, 0x01000193, 0xFFFFFFFF
-
-
-class StepError(ValueError):
-    """A step the model refuses (names the value and the limit); the state is untouched."""
+WEIGHT_FORMS = load.WEIGHT_FORMS
 
 
 def row0(trace, v):
     """What a trace is handed of a traced value's rows [m, ...]: the first row (one-position
     steps), or every row when the trace says `batched` (a traced prefill_batch chunk)."""
     return v if getattr(trace, "batched", False) else v[0]
-
-
-def ngram_rows(cfg: V2Config, tokens: list, pos: int) -> list:
-    """Row of every Engram table for position `pos` (uint32 hash, spec §b.8), in Python ints."""
-    rows = []
-    for oi, order in enumerate(cfg.engram_orders):
-        for h in range(cfg.engram_heads_eff):
-            acc = (SEED * (oi * cfg.engram_heads_eff + h + 1)) & M32
-            for j in range(order):
-                tok = tokens[pos - j] if pos - j >= 0 else 0
-                acc = ((acc ^ tok) * PRIME) & M32
-            rows.append((acc ^ (acc >> 15)) % cfg.engram_slots)
-    return rows
 
 
 class V2Model:
@@ -70,10 +55,7 @@ class V2Model:
     def __init__(self, cfg: V2Config, embedding: Embedding, layers: list, mhc: V2Mhc,
                  engrams: list, final_norm, *, heads: dict | None = None, device=None,
                  backend: str = "torch", decode: str = "eager"):
-        if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
-        if decode not in DECODES:
-            raise ValueError(f"decode={decode!r} is not one of {DECODES}")
+        check_names(backend, decode)
         self.form = check_parts(cfg, embedding, layers, mhc, engrams, final_norm)
         self.cfg = cfg
         self.embedding, self.layers, self.mhc = embedding, list(layers), mhc
@@ -85,18 +67,7 @@ class V2Model:
         self.cos, self.sin = rope_tables(cfg, self.device)
         self.backend = backend          # torch ops, Triton attention, or the C step (CPU)
         self.decode = decode            # graph: prep + a capturable body (port/graph.py)
-        if backend == "native":
-            if self.device.type != "cpu" or decode != "eager":
-                raise ValueError(f"backend='native' runs eagerly on the CPU (device="
-                                 f"{self.device}, decode={decode!r})")
-            from .native import NativeModel
-            self._native = NativeModel(self)
-        elif self.form == "packed":
-            raise PartError("packed codes run on backend='native' only; the torch and triton "
-                            "backends compute on dense or rotated matrices")
-        if backend == "triton":         # the decode step in fused kernels (port/fused.py)
-            from .fused import FusedBody
-            self.fused = FusedBody(self)
+        self.impl = make_backend(self, backend, decode)     # the one place the choice is made
 
     # ---- construction ----
     @classmethod
@@ -120,13 +91,8 @@ class V2Model:
                     bits_map: str = "embedding=4,mhc=4,default=2", backend: str = "torch",
                     decode: str = "eager"):
         """weights="dense": float32 as given; "cq": quantised as the .cact writer does
-        (`bits_map`), then computed from the codes (see from_cact)."""
-        if weights not in WEIGHT_FORMS:
-            raise ValueError(f"weights={weights!r} is not one of {WEIGHT_FORMS}")
-        if weights == "cq":
-            return cls.from_cactfile(cact.build_cact(params, cfg, bits_map), "cq", device,
-                                     backend, decode)
-        return cls._build(params, cfg, None, device, backend, decode)
+        (`bits_map`), then computed from the codes (see from_cact). port/load.py."""
+        return load.from_params(cls, params, cfg, weights, device, bits_map, backend, decode)
 
     @classmethod
     def from_cact(cls, path, weights: str = "cq", device="cpu", backend: str = "torch",
@@ -138,33 +104,11 @@ class V2Model:
     @classmethod
     def from_cactfile(cls, f, weights: str = "cq", device="cpu", backend: str = "torch",
                       decode: str = "eager"):
-        if weights not in WEIGHT_FORMS:
-            raise ValueError(f"weights={weights!r} is not one of {WEIGHT_FORMS}")
-        cqw = None
-        if weights == "cq":
-            form = "packed" if backend == "native" else "dense"
-            cqw = {s.name: CqWeight.from_slot(s, form) for s in f.slots
-                   if s.dtype == cact.DTYPE_CQ}
-        if weights == "cq" and backend == "native":    # the C step reads the codes as stored
-            w = prepare_weights(f.params, f.config, None, device)
-            parts = pack_parts(parts_from_weights(w, f.config), cqw, f.config)
-            model = cls.new(f.config, *parts, heads=w["heads"], device=device,
-                            backend=backend, decode=decode)
-        else:
-            w = prepare_weights(f.params, f.config, cqw, device)
-            parts = parts_from_weights(w, f.config)
-            if cqw is not None:             # the codes stay beside the rows (fused body)
-                parts = attach_codes(parts, cqw, device)
-            model = cls.new(f.config, *parts, heads=w["heads"], device=device,
-                            backend=backend, decode=decode)
-        model.tokenizer = f.tokenizer
-        return model
+        return load.from_cactfile(cls, f, weights, device, backend, decode)
 
     @classmethod
     def _build(cls, params: dict, cfg: V2Config, cqw, device, backend="torch", decode="eager"):
-        w = prepare_weights(params, cfg, cqw, device)
-        return cls.new(cfg, *parts_from_weights(w, cfg), heads=w["heads"], device=device,
-                       backend=backend, decode=decode)
+        return load.build(cls, params, cfg, cqw, device, backend, decode)
 
     # ---- state ----
     def make_state(self) -> V2State:
@@ -181,17 +125,13 @@ class V2Model:
         """Does `step` run the decode body (prep + device body, port/graph.py) on this state?
         decode="graph" and the triton backend (whose body is the fused kernels) do, on a
         windowed ring without pad keys; position 0 and everything else run `rows`."""
-        return (self.decode == "graph" or self.backend == "triton") and bool(state.window) \
-            and not state.pad_aware
+        return self.impl.uses_body(state)
 
     @property
     def hidden_points(self) -> dict:
         """Ladder points a decode step cannot show (fused into a kernel) -> where they went;
         empty unless the backend fuses (triton)."""
-        if self.backend != "triton":
-            return {}
-        from .fused import HIDDEN
-        return dict(HIDDEN)
+        return dict(self.impl.hidden_points)
 
     def step(self, token: int, state: V2State, logits=None):
         if self.uses_body(state):
@@ -209,7 +149,7 @@ class V2Model:
         value)`. On the triton backend a decode step is the fused body, which hides
         `hidden_points`; prefill=True traces the prefill arithmetic (`step_prefill`'s and
         `prefill_batch`'s) instead, where every point exists."""
-        if self.backend == "triton" and not prefill and state.pos and self.uses_body(state):
+        if self.impl.traces_body and not prefill and state.pos and self.uses_body(state):
             self.check_step(token, state, logits=logits)
             out = state.decode_graph(self).step(token, trace=trace)
             return out if logits is None else logits.copy_(out)
@@ -238,7 +178,7 @@ class V2Model:
                                 f"float32 [{cfg.vocab_size}]")
             if logits.device != self.device:
                 raise StepError(f"logits buffer on {logits.device}; model on {self.device}")
-            if self.backend == "native" and not logits.is_contiguous():
+            if self.impl.contiguous_logits and not logits.is_contiguous():
                 raise StepError(f"logits buffer with strides {logits.stride()}: the native "
                                 f"step writes a contiguous [{cfg.vocab_size}] buffer")
         return token
@@ -251,21 +191,24 @@ class V2Model:
 
     def rows(self, tokens: list, state: V2State, *, logits=None, trace=None,
              want_logits: bool = True, pool=None):
-        """Run m = len(tokens) positions (already checked). Every op is either elementwise, a
-        reduction over a row, a per-row matrix product (bmm, one M=1 product per row) or the
-        per-position attention, so row r's bits do not depend on m: a batched prefill leaves
-        exactly the state of m single steps."""
-        cfg = self.cfg
-        n, d, m = cfg.mhc_lanes, cfg.d_model, len(tokens)
+        """Run m = len(tokens) positions (already checked) through the backend's rows (the
+        torch ops of `forward_rows`, or the C step)."""
         pos0 = state.pos
-        pad = cfg.pad_token_id
+        pad = self.cfg.pad_token_id
         keep = [not (state.pad_aware and t == pad) for t in tokens]
         state.tokens.extend(tokens)         # inputs were checked: nothing below can fail
         state.valid.extend(keep)
-        if self.backend == "native":
-            from .native import run_rows
-            return run_rows(self, self._native, tokens, state, pos0, logits, trace,
-                            want_logits, pool)
+        return self.impl.rows(tokens, state, pos0, keep, logits=logits, trace=trace,
+                              want_logits=want_logits, pool=pool)
+
+    def forward_rows(self, tokens: list, state: V2State, pos0: int, keep: list, *,
+                     logits=None, trace=None, want_logits: bool = True, pool=None):
+        """The torch forward of m = len(tokens) positions at pos0 (already in state.tokens).
+        Every op is either elementwise, a reduction over a row, a per-row matrix product (bmm,
+        one M=1 product per row) or the per-position attention, so row r's bits do not depend
+        on m: a batched prefill leaves exactly the state of m single steps."""
+        cfg = self.cfg
+        n, d, m = cfg.mhc_lanes, cfg.d_model, len(tokens)
         x0 = self.embedding.table[torch.tensor(tokens, device=self.device)] * math.sqrt(d)
         if trace:
             trace("embed", None, row0(trace, x0))
@@ -290,13 +233,10 @@ class V2Model:
         cfg, out = self.cfg, []
         if not cfg.num_sites:
             return out
-        S, orders = cfg.engram_slots, [o for o in cfg.engram_orders
-                                       for _ in range(cfg.engram_heads_eff)]
-        flat = torch.tensor([[t * S + r for t, r in enumerate(ngram_rows(cfg, state.tokens, p))]
-                             for p in range(pos0, pos0 + m)], device=self.device)
         valid = state.valid                 # only the oldest n-gram token / tapped row counts
-        ok = torch.tensor([[1.0 if p - (o - 1) >= 0 and valid[p - (o - 1)] else 0.0
-                            for o in orders] for p in range(pos0, pos0 + m)], device=self.device)
+        host = [host_row(cfg, state.tokens, valid, p) for p in range(pos0, pos0 + m)]
+        flat = torch.tensor([h[0] for h in host], device=self.device)
+        ok = torch.tensor([h[1] for h in host], device=self.device)
         dil, R, d = cfg.engram_dilation, state.engram_ring, cfg.d_model
         for s, site in enumerate(self.engrams):
             e = (site.tables[flat] * ok[..., None]).reshape(m, -1)
@@ -308,7 +248,7 @@ class V2Model:
                 state.vraw[s, p % R] = vraw[r]
                 acc = torch.zeros_like(vraw[r])
                 for j in range(cfg.engram_taps):
-                    if p - j * dil >= 0 and valid[p - j * dil]:
+                    if host[r][2][j]:
                         acc = acc + site.taps[j] * state.vraw[s, (p - j * dil) % R]
                 v[r] = acc
             if trace:

@@ -17,6 +17,8 @@ import torch
 
 from kernels import native
 from kernels.native import NModel, NState, ptr
+from . import host
+from .errors import StepError
 from .parts import stacked
 
 _I64P = ctypes.POINTER(ctypes.c_int64)
@@ -169,17 +171,12 @@ class NativeBuffers:
         self.valid = (ctypes.c_uint8 * m)()
 
 
-def host_row(cfg, orders, tokens, valid, p: int) -> tuple:
-    """The host's part of position p: (flat table rows [T], their presence [T], tap presence
-    [taps]) from the token ids and validity bits so far (the C step reads these)."""
-    from .model import ngram_rows
-    S, dil = cfg.engram_slots, cfg.engram_dilation
-    if not (orders and cfg.num_sites):
+def host_row(cfg, tokens, valid, p: int) -> tuple:
+    """The host's part of position p as the C step reads it (port/host.py host_row; nothing
+    for a model without Engram sites)."""
+    if not cfg.num_sites:
         return [], [], []
-    flat = [t * S + row for t, row in enumerate(ngram_rows(cfg, tokens, p))]
-    ok = [1.0 if p - (o - 1) >= 0 and valid[p - (o - 1)] else 0.0 for o in orders]
-    taps = [bool(p - j * dil >= 0 and valid[p - j * dil]) for j in range(cfg.engram_taps)]
-    return flat, ok, taps
+    return host.host_row(cfg, tokens, valid, p)
 
 
 def _host_rows(nm: NativeModel, b: "NativeBuffers", state, pos0: int, m: int):
@@ -190,7 +187,7 @@ def _host_rows(nm: NativeModel, b: "NativeBuffers", state, pos0: int, m: int):
         p = pos0 + r
         b.tok[r] = state.tokens[p]
         b.valid[r] = valid[p]
-        flat, ok, taps = host_row(cfg, nm.orders, state.tokens, valid, p)
+        flat, ok, taps = host_row(cfg, state.tokens, valid, p)
         for t, (row, present) in enumerate(zip(flat, ok)):
             b.flat[r * nm.T + t] = row
             b.ok[r * nm.T + t] = present
@@ -240,7 +237,6 @@ def run_layer(model, nm: NativeModel, i: int, lanes, state, pos: int, engram, tr
     ek = ev = None                       # None: nat_layer computes them
     if engram is not None:
         if len(engram) != cfg.num_sites:
-            from .model import StepError
             raise StepError(f"engram holds {len(engram)} sites; the model has "
                             f"{cfg.num_sites}")
         rows = lambda j: torch.stack([kv[j].reshape(cfg.d_model).float() for kv in engram]

@@ -44,7 +44,7 @@ def write_image(model, tokens: list, steps: list, path, manifest: dict) -> str:
         t[f"eng_taps/{s}"] = site.taps.contiguous()
     orders = [o for o in cfg.engram_orders for _ in range(cfg.engram_heads_eff)]
     valid = [True] * len(tokens)
-    rows = [host_row(cfg, orders, tokens, valid, p) for p in range(len(tokens))]
+    rows = [host_row(cfg, tokens, valid, p) for p in range(len(tokens))]
     T = len(orders) if cfg.num_sites else 0
     t["host/tok"] = torch.tensor(tokens, dtype=torch.int64)
     t["host/flat"] = torch.tensor([x for r in rows for x in r[0]], dtype=torch.int64)

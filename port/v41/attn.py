@@ -50,7 +50,7 @@ from reference.v41.config import (MAX_SELECTION, V41Args, V41ConfigError,
                                    weight_names)
 
 from .compress import check_sources, compressed_part
-from .ops import AttnV41Error, fp8_rt, grouped_projection, rms, rope, rope_cis
+from .ops import AttnV41Error, emit, fp8_rt, grouped_projection, rms, rope, rope_cis  # noqa: F401
 from .state import LayerWeightsV41, SequenceV41, SharedV41
 
 __all__ = ["AttnV41", "AttnStackV41", "AttnV41Error"]
@@ -69,6 +69,7 @@ class AttnStackV41:
         if decode not in ("eager", "graph"):
             raise AttnV41Error(f"decode={decode!r} is not 'eager' or 'graph'")
         self.backend, self.decode = backend, decode
+        self._ring_put = ring_put_triton if backend == "triton" else ring_put_torch
         try:
             self.dev = dev = torch.device(device or "cpu")
         except RuntimeError as e:
@@ -236,8 +237,7 @@ class AttnStackV41:
         role = self.args.role(layer)
         cis = (self.yarn if role.ratio else self.plain).index_select(0, pos)
         qr, q, kv = self._qkv(layer, x, cis)
-        put = ring_put_triton if self.backend == "triton" else ring_put_torch
-        put(self.ring[layer], kv, pos, self.args.window_size)      # slot read on the device
+        self._ring_put(self.ring[layer], kv, pos, self.args.window_size)      # slot read on the device
         res = self._attend(layer, q, self.ring[layer], rows_b, idx, cis)
         res.update(qr=qr, q=q, kv=kv)
         return res
@@ -350,17 +350,6 @@ class AttnStackV41:
         res.update(qr=qr, q=q, kv=kv)
         emit(tr, layer, res, widx, idx, shown)
         return res["out"]
-
-
-def emit(tr, layer, res, widx, idx, rows_b):
-    for name in ("qr", "q", "kv"):
-        tr(name, layer, res[name])
-    tr("window_idxs", layer, widx)
-    if rows_b is not None:
-        tr("compressed_rows", layer, rows_b)
-    tr("topk_idxs", layer, idx)
-    for name in ("o", "o_rot", "og", "out"):
-        tr(name, layer, res[name])
 
 
 AttnV41 = AttnStackV41

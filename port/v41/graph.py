@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..graph import BodyRecorder, HostSyncError, cuda_capture  # noqa: F401  (HostSyncError: re-exported)
+from .ops import emit
 
 
 class DecodeGraphsV41:
@@ -46,7 +47,6 @@ class DecodeGraphsV41:
             role = s.args.role(layer)
             clen = (start_pos + 1) // role.ratio if role.ratio else 0
             sel = s.last_selection.to(s.dev)
-            from .attn import emit
             emit(tr, layer, {k: v.clone() for k, v in res.items()}, sel[:, :s.args.window_size],
                  sel, rows_b[:clen].clone() if role.ratio else None)
         return res["out"]                  # the runtime's static output rows, no copy

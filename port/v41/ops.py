@@ -141,3 +141,15 @@ def topk_positions(scores, lens, k, offset):
     """[m, k] int64: the k best positions (torch topk's set), ascending, offset, -1 if unseen."""
     pos = torch.sort(scores.topk(k, dim=-1, sorted=False).indices, dim=-1).values
     return torch.where(pos < lens, pos + offset, torch.full_like(pos, -1))
+
+
+def emit(tr, layer, res, widx, idx, rows_b):
+    """One layer's trace points in order (the eager forward and the decode graphs alike)."""
+    for name in ("qr", "q", "kv"):
+        tr(name, layer, res[name])
+    tr("window_idxs", layer, widx)
+    if rows_b is not None:
+        tr("compressed_rows", layer, rows_b)
+    tr("topk_idxs", layer, idx)
+    for name in ("o", "o_rot", "og", "out"):
+        tr(name, layer, res[name])
