@@ -83,6 +83,13 @@ def test_dump_then_compare_triton_under_the_interpreter(tmp_path, monkeypatch, c
     assert main(["compare", str(out), "reference"]) == 0
     text = capsys.readouterr().out
     assert "0 failing (PASS)" in text and "hidden by fusion" in text
+    # and point for point what a live capture of the same backend gives
+    from port.model import V2Model
+    cfg, params, _, tokens, _ = setup()
+    live = capture_port(V2Model.from_params(params, cfg, backend="triton"), tokens[:3], 2)
+    ref = capture_reference(params, cfg, tokens[:3], 2)
+    assert _rows(compare_ladders(Ladder.load(out), ref, DEFAULT_RULES)) == \
+        _rows(compare_ladders(live, ref, DEFAULT_RULES))
 
 
 def _archive_bytes(tmp_path, mutate):
