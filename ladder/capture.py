@@ -100,15 +100,17 @@ def capture_port(model, tokens, prompt_len: int, *, window=None, keep=None,
     return ladder
 
 
-def note_hidden(ladder: Ladder, st, cfg, hideable: dict, keep=None) -> None:
+def note_hidden(ladder: Ladder, st, cfg, hideable: dict, keep=None,
+                prefix: str = "fused: ") -> None:
     """Registry points the step did not trace that the model declares hidden by fusion
     (`model.hidden_points`: per-layer name -> the kernel holding it) go to `ladder.hidden`
-    with that reason; any other missing point is left for check_ladder to refuse."""
+    with that reason (after `prefix`; a foreign port's reason stands as it gives it); any
+    other missing point is left for check_ladder to refuse."""
     got = set(ladder.points(st.name))
     for name, _ in expected(cfg):
         base = name.split(".", 1)[1] if "." in name else name
         if name not in got and base in hideable and (keep is None or keep(name)):
-            ladder.hidden[f"{st.name}/{name}"] = f"fused: {hideable[base]}"
+            ladder.hidden[f"{st.name}/{name}"] = f"{prefix}{hideable[base]}"
 
 
 class PathError(TraceError):

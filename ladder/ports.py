@@ -86,6 +86,6 @@ def capture_protocol(port, cfg, tokens, prompt_len: int, *, check_plain: bool = 
                 progress.update()
         rec.finish()
         if hideable:
-            note_hidden(ladder, st, cfg, hideable)
+            note_hidden(ladder, st, cfg, hideable, prefix="")
     check_ladder(ladder, cfg)
     return ladder
