@@ -11,6 +11,10 @@
     fixtures.py  forward-parity fixtures (safetensors + JSON manifest)
     faults.py    planted port faults, for tests
     cli.py       `python -m ladder run | locate | report | regen | rules`
+    judge.py     one check as a call: capture a port (any kind), compare, locate (Verdict)
+    golden.py    golden trace archives with pytest-regressions' regen semantics
+    pytest_plugin.py  the pytest11 plugin: ladder_check, ladder_fixture, --ladder-* flags
+    session_summary.py  the plugin's end-of-session lines
     v41.py       DeepSeek-V4.1 attention: its fixture, both sides driven over it, Comparison
     v41_locate.py  V4.1 first divergence, local vs propagated (re-run from the reference's state)
     v41_cli.py   `--model attn_v41` for run, locate and report

@@ -19,6 +19,34 @@ settings.register_profile("dev", deadline=None, max_examples=25)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# pytester: the plugin's tests run inner pytest sessions (tests/test_pytest_plugin.py)
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="session")
+def installed_copy(tmp_path_factory):
+    """`pip install --no-deps --target DIR` of a copy of the source, as a user installs it (pip
+    builds in the source tree, so a copy keeps build/ out of the checkout); the DIR."""
+    import importlib.util
+    import shutil
+    import subprocess
+    import sys
+    base = tmp_path_factory.mktemp("install")
+    src, target = base / "src", base / "site"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(ROOT, name), src / name)
+    for pkg in ("reference", "port", "kernels", "ladder"):
+        shutil.copytree(os.path.join(ROOT, pkg), src / pkg,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    isolation = [] if importlib.util.find_spec("setuptools") is None \
+        else ["--no-build-isolation"]
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                          *isolation, "--target", str(target), str(src)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    return target
 
 
 @pytest.fixture(scope="session")

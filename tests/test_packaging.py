@@ -1,9 +1,7 @@
 """The project as installed, not as checked out: a non-editable install must carry every file
 the code reads at run time (the native step's C sources and header), and its packages must
 export the public API the README uses."""
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 
@@ -12,28 +10,11 @@ import pytest
 import kernels.native as native
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("reference", "port", "kernels", "ladder")
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """`pip install --no-deps --target DIR` of a copy of the source (pip builds in the source
-    tree, so a copy keeps build/ out of the checkout)."""
-    base = tmp_path_factory.mktemp("install")
-    src, target = base / "src", base / "site"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(os.path.join(ROOT, name), src / name)
-    for pkg in PACKAGES:
-        shutil.copytree(os.path.join(ROOT, pkg), src / pkg,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    isolation = [] if importlib.util.find_spec("setuptools") is None \
-        else ["--no-build-isolation"]
-    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                          *isolation, "--target", str(target), str(src)],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
-    return target
+def installed(installed_copy):
+    return installed_copy
 
 
 def _in(target, *argv, cwd):

@@ -55,7 +55,7 @@ def test_python_blocks_run_as_written():
         exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
 
 
-def test_shell_commands_exist_and_their_flags_parse(tmp_path, monkeypatch):
+def test_shell_commands_exist_and_their_flags_parse(tmp_path, monkeypatch, pytestconfig):
     from ladder.args import check, check_model
     from reference import V2Config
     with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:  # no tomllib on 3.10
@@ -90,6 +90,11 @@ def test_shell_commands_exist_and_their_flags_parse(tmp_path, monkeypatch):
                                  env=dict(os.environ, PYTHONPATH=ROOT))
             assert res.returncode == 0, (argv, res.stderr[-2000:])
             assert all(f in res.stdout for f in argv[2:] if f.startswith("--")), argv
+        elif argv[:3] == ["python", "-m", "pytest"] and any(a.startswith("--ladder-")
+                                                            for a in argv):
+            # the plugin's usage lines: every flag is one pytest knows here (ValueError else)
+            for flag in (a for a in argv[3:] if a.startswith("-")):
+                pytestconfig.getoption(flag)
         elif argv[:3] == ["python", "-m", "pytest"]:
             with open(os.path.join(ROOT, ".ci", "run")) as f:
                 assert f.read().strip().splitlines()[-1] == " ".join(argv)   # CI runs it

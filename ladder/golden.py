@@ -1,0 +1,103 @@
+"""Golden fixtures: a port's ladder stored as a trace archive and checked against later runs.
+
+pytest-regressions' semantics (what `ladder_fixture` in ladder/pytest_plugin.py runs):
+
+    stored file      regen=None             regen="failing"            regen="all"
+    missing          write it, FAIL         write it, FAIL             write it, pass
+    disagrees*       FAIL (says why)        rewrite it, FAIL           rewrite it, pass
+    compares, fails  FAIL (first diverg.)   rewrite it, FAIL           rewrite it, pass
+    compares, passes pass                   pass (untouched)           rewrite it, pass
+
+    * unreadable, or recorded on another model, geometry or schedule than the check asks for
+
+A failing test after a rewrite is the point: the change is seen, then committed. The stored
+ladder stands in for the reference (which does not run); the rules are the check's own.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .judge import capture, save_trace, verdict_of
+
+
+@dataclass
+class GoldenOutcome:
+    path: str
+    failed: bool
+    action: str                 # "compared", "created", "rewritten"
+    why: str = ""               # what made a rewrite or a failure necessary
+    verdict: object = None      # the comparison against the stored ladder, when one ran
+
+    def message(self) -> str:
+        name = os.path.basename(self.path)
+        if self.action == "created":
+            return (f"ladder_fixture {name}: no stored fixture; wrote {self.path} from this "
+                    f"run (check it in; the next run compares against it)")
+        lines = []
+        if self.action == "rewritten":
+            lines.append(f"ladder_fixture {name}: regenerated {self.path} ({self.why}); the "
+                         f"test fails so the change is seen (--ladder-regen-all passes)")
+        elif self.why:
+            lines.append(f"ladder_fixture {name}: the stored fixture {self.path} {self.why}; "
+                         f"--ladder-regen rewrites it")
+        else:
+            lines.append(f"ladder_fixture {name}: the run does not match {self.path}; "
+                         f"--ladder-regen rewrites it if the change is intended")
+        if self.verdict is not None and not self.verdict.passed:
+            lines.append(self.verdict.message())
+        return "\n".join(lines)
+
+
+def disagreement(stored, cap, model) -> str:
+    """Why `stored` is not a recording of this check ("" when it is)."""
+    from .geometry import geometry_mismatch, geometry_of
+    meta = stored.meta
+    bad = geometry_mismatch(meta.get("geometry") or {}, geometry_of(model.cfg))
+    if bad:
+        return f"was recorded on geometry {bad[0]}={bad[1]!r}, this model has {bad[2]!r}"
+    sha = (meta.get("weights") or {}).get("params_sha256")
+    if sha and sha != model.src["sha256"]:
+        return (f"was recorded on parameters {sha[:16]}..., this model's are "
+                f"{model.src['sha256'][:16]}...")
+    if stored.tokens != cap.tokens:
+        i = next((i for i, (a, b) in enumerate(zip(stored.tokens, cap.tokens)) if a != b),
+                 min(len(stored.tokens), len(cap.tokens)))
+        return f"holds other tokens (first difference at position {i}; {len(stored.tokens)} " \
+               f"positions stored, {len(cap.tokens)} run)"
+    if [(s.pos, len(s.tokens)) for s in stored.steps] != \
+            [(s.pos, len(s.tokens)) for s in cap.obtained.steps]:
+        return "holds another step schedule (prompt length)"
+    if meta.get("kv_window") is not None and meta["kv_window"] != cap.window:
+        return f"was recorded at window {meta['kv_window']}, this run's is {cap.window}"
+    return ""
+
+
+def check_golden(port, model, path: str, regen: str | None, schedule: dict) -> GoldenOutcome:
+    """Run the port and judge it against the stored ladder at `path` (see the table above)."""
+    if regen not in (None, "failing", "all"):
+        raise ValueError(f"regen={regen!r}; one of None, 'failing', 'all'")
+    from .archive import ArchiveError
+    from .trace import Ladder
+    rules, locate = schedule.pop("rules", None), schedule.pop("locate", True)
+    cap = capture(port, model, **schedule)
+    if not os.path.isfile(path):
+        save_trace(cap, model, path)
+        return GoldenOutcome(path, regen != "all", "created", "no stored fixture")
+    try:
+        stored = Ladder.load(path)
+        why = disagreement(stored, cap, model)
+    except (ArchiveError, OSError) as e:
+        stored, why = None, f"cannot be read ({e})"
+    verdict = None
+    if not why:
+        verdict = verdict_of(cap, model, rules, locate, yardstick=stored,
+                             yardstick_label=f"fixture {os.path.basename(path)}")
+        if verdict.passed and regen != "all":
+            return GoldenOutcome(path, False, "compared", "", verdict)
+    if regen is None:
+        return GoldenOutcome(path, True, "compared", why, verdict)
+    save_trace(cap, model, path)
+    reason = why or ("requested (--ladder-regen-all)" if verdict.passed else
+                     f"{len(verdict.cmp.failures)} points failed")
+    return GoldenOutcome(path, regen == "failing", "rewritten", reason, verdict)

@@ -1,0 +1,34 @@
+"""The pytest plugin's end-of-session lines, from each check's JSON-able summary (Verdict.summary
+plus kind, name and test), so that checks run in other processes (pytest-xdist workers) count."""
+from __future__ import annotations
+
+
+def _frac(x) -> float:
+    return float("inf") if x == "unbounded" else float(x)
+
+
+def summary_lines(checks: list) -> list:
+    n, failing = len(checks), [c for c in checks if not c["passed"]]
+    tests = len({c["test"] for c in checks})
+    points = sum(int(c["points"]) for c in checks)
+    out = [f"{n} ladder case{'s' * (n != 1)} in {tests} test{'s' * (tests != 1)}: "
+           f"{points:,} points compared, {len(failing)} case{'s' * (len(failing) != 1)} "
+           f"failing"]
+    judged = [c for c in checks if c["worst_point"] is not None]
+    if judged:
+        w = max(judged, key=lambda c: _frac(c["worst_fraction"]))
+        frac = w["worst_fraction"]
+        text = frac if isinstance(frac, str) else f"{frac:.3g}"
+        out.append(f"worst fraction of allowance: {text} at {w['worst_point']} ({w['test']}"
+                   + (f", fixture {w['name']}" if w["name"] else "") + ")")
+    for c in failing:
+        what = f"fixture {c['name']}" if c["kind"] == "fixture" else c["label"]
+        verdict = f" ({c['verdict']} error)" if c["verdict"] else ""
+        out.append(f"FAILED {c['test']} [{what}]: first divergence {c['first_divergence']}"
+                   f"{verdict}")
+    return out
+
+
+def golden_lines(written: list) -> list:
+    """One line per golden fixture the session wrote (created or regenerated)."""
+    return [f"golden fixture {w['action']}: {w['path']} ({w['test']})" for w in written]

@@ -1,0 +1,226 @@
+"""The pytest plugin as a port maintainer uses it: installed with the package, a few fixtures in
+their own project, failures that name the first divergence, and golden fixtures with
+pytest-regressions' --regen semantics (ladder/pytest_plugin.py, ladder/golden.py)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ladder.faults import FAULTS
+from reference.config import V2Config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHORT = "prompt_len=3, steps=2"          # 5 positions: a second or so per check
+
+# The whole test file of a port maintainer's throwaway project.
+USER_TESTS = f'''
+import pytest
+
+def test_port_matches_the_reference(ladder_check):
+    assert ladder_check({SHORT}).passed
+
+@pytest.mark.ladder({SHORT}, seed=3)
+def test_other_tokens(ladder_check):
+    assert ladder_check().tokens != ladder_check(seed=0).tokens
+'''
+
+
+def _user_pytest(site, project, *flags):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
+    env["PYTHONPATH"] = str(site)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *flags], cwd=project, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_a_throwaway_project_passes_against_our_port_and_fails_on_a_planted_fault(
+        installed_copy, tmp_path):
+    project = tmp_path / "my-port-ci"
+    project.mkdir()
+    (project / "test_parity.py").write_text(USER_TESTS)
+    # the installed copy, not the checkout: the plugin comes in through its entry point
+    res = _user_pytest(installed_copy, project, "-n", "2")        # two xdist workers
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert "2 passed" in out
+    # the session summary adds up what both workers checked
+    assert "3 ladder cases in 2 tests" in out and "0 cases failing" in out, out[-2000:]
+    fault = "y_minus_bx"
+    point, _ = FAULTS[fault].touches(V2Config.preset("tiny"))
+    res = _user_pytest(installed_copy, project, "--ladder-plant", fault,
+                       "--ladder-out", str(tmp_path / "out"))
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out[-3000:]
+    assert f"first divergence: prefill/{point}" in out, out[-3000:]
+    assert "layer verdict: the layer's own error" in out
+    assert "2 failed" in out and f"first divergence prefill/{point} (own error)" in out
+    archives = list((tmp_path / "out").rglob("obtained.safetensors"))
+    reports = list((tmp_path / "out").rglob("ladder.html"))
+    assert len(archives) >= 2 and len(reports) >= 2
+    assert str(archives[0].parent) in out                # the failure names where it wrote
+
+
+def test_importing_the_plugin_loads_no_torch():
+    code = "import sys, ladder.pytest_plugin; print('torch' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "False", res.stderr
+
+
+def test_the_plugin_is_registered_by_the_entry_point(pytestconfig):
+    import ladder.pytest_plugin as plugin
+    assert pytestconfig.pluginmanager.get_plugin("ladder") is plugin
+
+
+@pytest.fixture
+def inner(pytester):
+    """An inner pytest session in a temporary directory, in this process (fast)."""
+    pytester.syspathinsert(os.path.dirname(os.path.abspath(__file__)))   # ports.toy_port
+    return pytester
+
+
+def test_a_protocol_port_failure_reads_well(inner):
+    inner.makepyfile(test_toy=f'''
+def test_toy(ladder_check):
+    ladder_check({SHORT})
+''')
+    res = inner.runpytest("--ladder-port", "ports.toy_port:build_buggy")
+    res.assert_outcomes(failed=1)
+    text = res.stdout.str()
+    assert "ladder parity FAILED: port ports.toy_port.ToyPort vs reference" in text
+    assert "first divergence: prefill/L02.hpost (position 0, layer 2)" in text
+    assert "layer verdict: the layer's own error" in text and "prefill/L02.x" in text
+    for what in ("obtained archive: ", "report: "):
+        path = text.split(what, 1)[1].split()[0]
+        assert os.path.isfile(path), what
+    assert "FAILED test_toy.py::test_toy [port ports.toy_port.ToyPort]: first divergence " \
+           "prefill/L02.hpost (own error)" in text
+
+
+def test_a_clean_protocol_port_passes_and_a_dump_is_judged_too(inner, tmp_path):
+    from ladder.cli import main
+    dump = tmp_path / "toy.safetensors"
+    assert main(["dump", "port", "--port", "ports.toy_port:build", "--out", str(dump),
+                 "--prompt-len", "3", "--steps", "2"]) == 0
+    inner.makepyfile(test_ok=f'''
+def test_ok(ladder_check):
+    v = ladder_check()
+    assert v.passed and len(v.tokens) == 5
+''')
+    inner.runpytest("--ladder-dump", str(dump)).assert_outcomes(passed=1)
+    inner.makepyfile(test_ok=f'''
+def test_ok(ladder_check):
+    assert ladder_check({SHORT}).passed
+''')
+    inner.runpytest("--ladder-port", "ports.toy_port:build").assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("source,needle", [
+    ("@pytest.mark.ladder(prompt=3)\ndef test_m(ladder_check):\n    ladder_check()",
+     "unknown key 'prompt'; allowed: tokens, prompt_len"),
+    ("@pytest.mark.ladder(steps='2')\ndef test_m(ladder_check):\n    ladder_check()",
+     "steps='2' is not one-token decode steps"),
+    ("@pytest.mark.ladder(3)\ndef test_m(ladder_check):\n    ladder_check()",
+     "takes keywords only"),
+    ("def test_m(ladder_check):\n    ladder_check(stepz=2)", "unknown key 'stepz'"),
+])
+def test_a_wrong_marker_or_check_key_is_an_error_naming_it(inner, source, needle):
+    inner.makepyfile(test_m="import pytest\n" + source + "\n")
+    res = inner.runpytest()
+    assert res.ret != 0
+    assert needle in res.stdout.str()
+
+
+GOLDEN = f'''
+import pytest
+
+@pytest.mark.ladder({SHORT})
+def test_a(ladder_fixture):
+    ladder_fixture("golden_a")
+
+def test_b(ladder_fixture):
+    ladder_fixture("golden_b", {SHORT}, seed=5)
+'''
+
+
+def _stat(path):
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns, open(path, "rb").read()
+
+
+def test_golden_fixtures_follow_pytest_regressions(inner):
+    inner.makepyfile(test_gold=GOLDEN)
+    a = inner.path / "test_gold" / "golden_a.safetensors"
+    b = inner.path / "test_gold" / "golden_b.safetensors"
+    # 1. no stored file: written from the run, and the test fails so it is seen
+    res = inner.runpytest()
+    res.assert_outcomes(failed=2)
+    assert "no stored fixture; wrote" in res.stdout.str() and a.is_file() and b.is_file()
+    assert f"golden fixture created: {a} (test_gold.py::test_a)" in res.stdout.str()
+    before = _stat(a)
+    # 2. stored and equal: pass, nothing rewritten (--ladder-regen leaves passing ones alone)
+    inner.runpytest().assert_outcomes(passed=2)
+    inner.runpytest("--ladder-regen").assert_outcomes(passed=2)
+    assert _stat(a) == before
+    # 3. a bug: fails against the golden file, naming the first divergence; file untouched
+    res = inner.runpytest("--ladder-plant", "hpost_one")
+    res.assert_outcomes(failed=2)
+    text = res.stdout.str()
+    assert "does not match" in text and "--ladder-regen rewrites it" in text
+    assert "vs fixture golden_a.safetensors" in text and "first divergence: prefill/L00.hpost" \
+        in text
+    assert _stat(a) == before
+    # 4. --ladder-regen rewrites the failing ones, and they fail
+    res = inner.runpytest("--ladder-plant", "hpost_one", "--ladder-regen")
+    res.assert_outcomes(failed=2)
+    assert "regenerated" in res.stdout.str() and _stat(a)[2] != before[2]
+    assert f"golden fixture rewritten: {a}" in res.stdout.str()
+    inner.runpytest("--ladder-plant", "hpost_one").assert_outcomes(passed=2)  # it is the bug's
+    inner.runpytest().assert_outcomes(failed=2)        # so the clean port now differs from it
+    # 5. --ladder-regen-all rewrites every one, and they pass; then the clean run passes
+    inner.runpytest("--ladder-regen-all").assert_outcomes(passed=2)
+    assert _stat(a)[2] == before[2]                     # the clean values again, bit for bit
+    after = _stat(b)
+    inner.runpytest("--ladder-regen-all").assert_outcomes(passed=2)
+    assert _stat(b)[0] != after[0] and _stat(b)[2] == after[2]    # rewritten, same bytes
+    inner.runpytest().assert_outcomes(passed=2)
+
+
+def test_a_golden_file_of_another_schedule_or_garbage_fails_and_regen_fixes_it(inner):
+    inner.makepyfile(test_gold=GOLDEN)
+    inner.runpytest("--ladder-regen-all").assert_outcomes(passed=2)
+    inner.makepyfile(test_gold=GOLDEN.replace("seed=5", "seed=6"))
+    res = inner.runpytest()
+    res.assert_outcomes(passed=1, failed=1)
+    assert "holds other tokens (first difference at position" in res.stdout.str()
+    (inner.path / "test_gold" / "golden_a.safetensors").write_bytes(b"\x00" * 64)
+    res = inner.runpytest("--ladder-regen")
+    res.assert_outcomes(failed=2)
+    assert "cannot be read" in res.stdout.str()
+    inner.runpytest().assert_outcomes(passed=2)
+
+
+def test_a_bad_fixture_name_is_refused(inner):
+    inner.makepyfile(test_n="def test_n(ladder_fixture):\n    ladder_fixture('../escape')\n")
+    res = inner.runpytest()
+    res.assert_outcomes(failed=1)
+    assert "a name of letters, digits" in res.stdout.str()
+    assert not (inner.path.parent / "escape.safetensors").exists()
+
+
+def test_the_readme_example_runs_and_prints_the_summary_it_shows(inner):
+    import re
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = readme.split("## In your CI (pytest)", 1)[1].split("\n## ", 1)[0]
+    code = next(b for b in re.findall(r"```python\n(.*?)```", section, re.S)
+                if b.startswith("# test_parity.py"))
+    shown = re.search(r"```\n(=+ needle-parity ladder =+\n.*?)```", section, re.S).group(1)
+    inner.makepyfile(test_parity=code)
+    first = inner.runpytest()
+    first.assert_outcomes(passed=1, failed=1)               # the golden file is written
+    assert "golden fixture created: " in first.stdout.str()
+    second = inner.runpytest()
+    second.assert_outcomes(passed=2)
+    for line in shown.strip().splitlines():
+        assert line in second.stdout.lines, line
