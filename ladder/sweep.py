@@ -279,7 +279,7 @@ def run_cases(jobs: list, workers: int, threads: int, native: bool, on_row,
               flush_denormal: bool = False) -> None:
     """Every job, in this process (-j 1) or a pool of spawned workers; on_row per finished."""
     with _pinned(threads, native, flush_denormal):
-        if workers == 1:
+        if workers == 1 or len(jobs) <= 1:     # no pool to start for one case
             for job in jobs:
                 on_row(run_case(job))
             return

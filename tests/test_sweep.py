@@ -221,3 +221,36 @@ def test_the_documented_grid_expands_and_validates(capsys):
     parts = [shard_cases(grid.cases, k, 3) for k in (1, 2, 3)]
     assert sorted(c.index for p in parts for c in p) == list(range(28))
     assert [len(p) for p in parts] == [10, 9, 9]
+
+
+def test_dry_run_lists_the_shard_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["sweep", os.path.join(ROOT, "docs", "sweep-tiny.toml"), "--out", str(out),
+                 "--shard", "2/3", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "28 cases" in lines[0] and "shard 2/3: 9" in lines[0]
+    assert [ln.split()[0][:5] for ln in lines[1:]] == [f"c{i:04d}" for i in range(1, 28, 3)]
+    assert all("python -m ladder run --seed" in ln for ln in lines[1:])
+    assert not out.exists()
+
+
+def test_a_case_that_fails_to_run_is_an_error_row_and_the_sweep_goes_on(tmp_path, capsys,
+                                                                       monkeypatch):
+    from ladder import cli
+    real = cli.compare_run
+
+    def flaky(args, out=print):
+        if args.seed == 1:
+            raise cli.LadderInputError("--seed 1: refused for this test")
+        return real(args, out)
+    monkeypatch.setattr(cli, "compare_run", flaky)
+    grid = _write(tmp_path, "g.toml", GRID.replace("seed = [0, 1, 2]", "seed = [0, 1]")
+                  .replace('plant = ["none", "rope_pos_plus_1"]', 'plant = ["none"]')
+                  .replace("prompt_len = [2, 3]", "prompt_len = [2]"))
+    assert main(["sweep", grid, "--out", str(tmp_path / "o"), "--threads", "1"]) == 2
+    rows = _rows(tmp_path / "o")
+    assert [(r["settings"]["seed"], r["status"]) for r in rows] == \
+        [(0, "pass"), (0, "pass"), (1, "error"), (1, "error")]
+    assert rows[2]["message"] == "error: --seed 1: refused for this test"
+    assert rows[2]["archive"] is None
+    assert "error: c0002-" in capsys.readouterr().out

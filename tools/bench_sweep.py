@@ -12,7 +12,7 @@ shared machine falls on both; each is the median of --repeats. Timed: from the f
 submitted to the last result written, pool start-up included (what a user waits for), after
 one warm-up case. torch.set_flush_denormal(True) in every process that computes; the threads
 per worker, CPUs and torch version are recorded, and each case's own time in its worker
-(its median: flat across -j means the workers do not slow each other). About 2 minutes at
+(its median: flat across -j means the workers do not slow each other). About 1.5 minutes at
 the defaults on the 2-core development machine.
 """
 from __future__ import annotations
@@ -110,11 +110,11 @@ def main(argv=None) -> int:
     # s per case: one case's own time inside its worker; if it stays flat as -j grows, the
     # workers do not slow each other and what -j loses is the pool's start-up
     print(f"{'-j':>3s} {'s per sweep (each repeat)':>30s} {'cases/min':>10s} "
-          f"{'vs -j ' + str(jobs[0]):>8s} {'s per case':>10s}")
+          f"{'vs -j ' + str(jobs[0]):>8s} {'s per case':>11s}")
     for j in jobs:
         each = ", ".join(f"{s:.2f}" for s in seconds[j])
         print(f"{j:3d} {each:>30s} {rate[j]:10.1f} {rate[j] / rate[jobs[0]]:7.2f}x "
-              f"{statistics.median(per_case[j]):10.3f}")
+              f"{statistics.median(per_case[j]):11.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cases": len(grid.cases), "prompt_len": args.prompt_len,
