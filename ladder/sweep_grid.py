@@ -1,4 +1,5 @@
-"""The grid of a `python -m ladder sweep`: a TOML file read into cases, each one `run`.
+"""The grid of a `python -m ladder sweep`: a TOML file read into cases, each one `run`
+(or JSON with the same tables: the project's TOML reader is tomllib, Python 3.11+).
 
     [sweep]                 name = "tiny"            (optional)
     [grid]                  every combination, in product order; each key a list
@@ -222,13 +223,17 @@ def resolve(base: str, key: str, value):
 def load_grid(path: str) -> Grid:
     """The grid file read (bounded), checked and expanded. Flag values are not judged here
     (that is `sweep.validate_cases`, with the CLI's own checks)."""
-    from reference.safe_io import parse_toml, read_capped
+    from reference.safe_io import parse_json, parse_toml, read_capped
     if not path or not path.strip():
         raise SweepError("sweep: give the grid file (GRID.toml), or --merge DIR...")
-    if not path.endswith(".toml"):
-        raise SweepError(f"sweep {path}: the grid must be a .toml file")
+    if not path.endswith((".toml", ".json")):
+        raise SweepError(f"sweep {path}: the grid must be a .toml file (or .json with the same "
+                         f"tables, where Python < 3.11 has no tomllib)")
     raw = read_capped(path, MAX_GRID_FILE, SweepError, "grid file")
-    body = _normalize(parse_toml(raw, path, SweepError), path)
+    data = (parse_toml if path.endswith(".toml") else parse_json)(raw, path, SweepError)
+    if not isinstance(data, dict):
+        raise SweepError(f"{path}: the grid must be a table (a JSON object)")
+    body = _normalize(data, path)
     cases = expand(body, path)
     base = os.path.dirname(os.path.abspath(path))
     files = {}
