@@ -246,6 +246,10 @@ def _device_kind(args) -> None:
 
 def check(args) -> None:
     """Every flag that can be judged before the model is loaded."""
+    if args.cmd == "sweep":                 # its cases get these checks each (ladder/sweep.py)
+        from .sweep import check_flags
+        check_flags(args)
+        return
     _empty_paths(args)
     if getattr(args, "rules", None):
         input_file("--rules", args.rules, "a .toml or .json rules file (see `ladder rules`)")

@@ -12,6 +12,7 @@ rules   print the default tolerance rules as TOML/JSON, a starting point for --r
 compare A [B]  any two ladders: trace archives, needle-rs fixtures, our fixtures, the live
         reference, our backends, an in-process --port (ladder/compare_cli.py).
 dump    one side's ladder written as a trace archive (ladder/archive.py).
+sweep   many runs over a TOML grid, sharded and resumable, one report (ladder/sweep.py).
 
 Exit status: 0 every point passes, 1 divergence, 2 bad input (the message names it).
 """
@@ -59,7 +60,7 @@ def _input_errors() -> tuple:
     for mod, name in (("reference.cact", "CactFormatError"), ("port.cq", "CqError"),
                       ("ladder.archive", "ArchiveError"), ("ladder.needle_rs", "NeedleRsError"),
                       ("ladder.namemap", "NameMapError"), ("ladder.geometry", "GeometryError"),
-                      ("ladder.ports", "PortLoadError")):
+                      ("ladder.ports", "PortLoadError"), ("ladder.sweep_grid", "SweepError")):
         try:
             errs.append(getattr(__import__(mod, fromlist=[name]), name))
         except (ImportError, AttributeError):
@@ -473,6 +474,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="toml", choices=["toml", "json"])
     p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
                    help="whose default rules to print (attn_v41: V41_RULES)")
+    from .sweep import add_parser as add_sweep_parser
+    add_sweep_parser(sub)
     return ap
 
 
@@ -507,6 +510,11 @@ def _with_fault(cmd, args, out) -> int:
         return cmd(args, out)
 
 
+def _cmd_sweep(args, out=print) -> int:
+    from .sweep import cmd_sweep
+    return cmd_sweep(args, out)
+
+
 def main(argv=None, out=print) -> int:
     from .safe_print import safe_print
     out = safe_print if out is print else out       # file text: escaped, never a crash
@@ -514,7 +522,7 @@ def main(argv=None, out=print) -> int:
     from . import compare_cli
     cmd = {"run": cmd_run, "locate": cmd_locate, "report": cmd_report, "regen": cmd_regen,
            "rules": cmd_rules, "compare": compare_cli.cmd_compare,
-           "dump": compare_cli.cmd_dump}[args.cmd]
+           "dump": compare_cli.cmd_dump, "sweep": _cmd_sweep}[args.cmd]
     if args.cmd in ("compare", "dump") and args.model == "attn_v41":
         from . import v41_archive
         cmd = {"compare": v41_archive.cmd_compare, "dump": v41_archive.cmd_dump}[args.cmd]
