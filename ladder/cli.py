@@ -60,7 +60,8 @@ def _input_errors() -> tuple:
     for mod, name in (("reference.cact", "CactFormatError"), ("port.cq", "CqError"),
                       ("ladder.archive", "ArchiveError"), ("ladder.needle_rs", "NeedleRsError"),
                       ("ladder.namemap", "NameMapError"), ("ladder.geometry", "GeometryError"),
-                      ("ladder.ports", "PortLoadError"), ("ladder.sweep_grid", "SweepError")):
+                      ("ladder.ports", "PortLoadError"), ("ladder.sweep_grid", "SweepError"),
+                      ("ladder.judge", "JudgeError")):
         try:
             errs.append(getattr(__import__(mod, fromlist=[name]), name))
         except (ImportError, AttributeError):

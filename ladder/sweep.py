@@ -139,6 +139,24 @@ def _check_plant(args) -> None:
         raise LadderInputError(f"--plant {name}: {why}")
 
 
+def _check_port(args) -> None:
+    """A protocol port case: the factory imports, and no flag of our own backends is set
+    (it would be silently ignored: the port is what it is)."""
+    from .cli import LadderInputError
+    from .ports import PortLoadError, load_factory
+    ours = [f"--{k.replace('_', '-')} {v}" for k, v, d in
+            (("backend", args.backend, "torch"), ("decode", args.decode, "eager"),
+             ("device", args.device, "cpu"), ("plant", args.plant, None))
+            if v != d]
+    if ours:
+        raise LadderInputError(f"--port {args.port}: {ours[0]} applies to our port "
+                               f"(port.V2Model), not to a protocol port")
+    try:
+        load_factory(args.port)
+    except PortLoadError as e:
+        raise LadderInputError(str(e)) from None
+
+
 def validate_cases(grid) -> None:
     """Every case's flags through the CLI's own checks (ladder/args.py), and the limits its
     model sets (check_model), before any case runs: a sweep never stops half-way on a typo."""
@@ -153,6 +171,8 @@ def validate_cases(grid) -> None:
             check(args)
             if args.plant:
                 _check_plant(args)
+            if args.port:
+                _check_port(args)
             if args.rules and args.rules not in rules:
                 load_rules(args.rules)
                 rules.add(args.rules)

@@ -48,6 +48,8 @@ KEYS = {
     "rules": ("--rules", (str,), "a rules file (relative to the grid)"),
     "no_check_plain": ("--no-check-plain", (bool,), "true or false"),
     "plant": ("--plant", (str,), "a fault name (run --list-faults) or \"none\""),
+    "port": ("--port", (str,), "a protocol port's module:factory (ladder/ports.py) or "
+                               "\"ours\" (port.V2Model)"),
 }
 PATH_KEYS = ("params", "cact", "rules")
 TABLES = ("sweep", "grid", "fixed", "exclude")
@@ -280,7 +282,7 @@ def run_argv(case: Case, base: str) -> list:
         flag = KEYS[k][0]
         if isinstance(v, bool):
             argv += [flag] if v else []
-        elif (k, v) in (("window", "default"), ("plant", "none")):
+        elif (k, v) in (("window", "default"), ("plant", "none"), ("port", "ours")):
             continue
         else:
             argv += [flag, str(resolve(base, k, v))]

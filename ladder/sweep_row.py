@@ -87,6 +87,20 @@ def _compared(args, out):
     return cmp, extra, loc, why, port, model, info
 
 
+def _compared_port(args, out):
+    """A protocol port's case (`port = "module:factory"`): judged as `run --port` judges it
+    (ladder/judge.py: the reference's layer re-run on the port's recorded inputs)."""
+    from .judge import ModelUnderTest, judge
+    model = ModelUnderTest.build(preset=args.preset, seed=args.seed, params=args.params,
+                                 cact=args.cact, weights=args.weights, bits_map=args.bits_map,
+                                 max_memory=args.max_memory)
+    v = judge(args.port, model, prompt_len=args.prompt_len, steps=args.steps,
+              window=args.window, rules=args.rules, check_plain=not args.no_check_plain)
+    out(v.message())
+    info = {"port": v.label, "params sha256": model.src["sha256"][:16]}
+    return v.cmp, [], v.location, "", v.obtained, model, info
+
+
 def _archive(args, port, model) -> tuple:
     """(ladder, Ladder.save keywords): the port's side, with the manifest `dump` writes."""
     from .compare_cli import _version, file_sha256
@@ -94,8 +108,10 @@ def _archive(args, port, model) -> tuple:
     file = args.cact or args.params
     cfg = model.cfg
     return port, {
-        "producer": {"name": "needle-parity port.V2Model (sweep)", "version": _version(),
-                     "backend": args.backend, "device": args.device, "dtype": "float32"},
+        "producer": {"name": "needle-parity " + ("port (sweep)" if args.port else
+                                                 "port.V2Model (sweep)"),
+                     "version": _version(), "backend": args.port or args.backend,
+                     "device": args.device, "dtype": "float32"},
         "geometry": geometry_of(cfg),
         "kv_window": cfg.kv_window if args.window is None else args.window,
         "weights": {"source": "cact" if args.cact else "params" if args.params else "init",
@@ -119,7 +135,8 @@ def case_row(case, base: str):
         check(args)
         # the capture bar draws on a terminal: in a sweep it would interleave across workers
         with contextlib.redirect_stderr(io.StringIO()):
-            got = (cli._with_fault(_compared, args, lines.append) if args.plant
+            got = (_compared_port(args, lines.append) if args.port else
+                   cli._with_fault(_compared, args, lines.append) if args.plant
                    else _compared(args, lines.append))
         cmp, extra, loc, why, port, model, info = got
         failing = cmp.total_failing if cmp.folded else len(cmp.failures)

@@ -174,6 +174,10 @@ def test_a_killed_sweep_resumes_running_only_the_missing_cases(tmp_path, capsys)
     (GRID.replace("rope_pos_plus_1", "no_such_fault"), [], "--plant no_such_fault: unknown"),
     (GRID.replace("[fixed]", "[[exclude]]\nweights = \"qc\"\n[fixed]"), [],
      "exclude #1 {\"weights\": \"qc\"} matches no case"),
+    (GRID.replace("[fixed]", "[fixed]\nport = \"no_such_module:build\""), [],
+     "cannot import 'no_such_module'"),
+    (GRID.replace("[fixed]", "[fixed]\nport = \"ports.toy_port:build\"\nbackend = \"native\""),
+     [], "--backend native applies to our port"),
 ])
 def test_bad_grids_and_shards_exit_2_naming_the_value(tmp_path, capsys, grid, argv, msg):
     path = _write(tmp_path, "g.toml", grid)
@@ -277,3 +281,29 @@ def test_a_json_grid_runs_where_toml_cannot_be_read(tmp_path, capsys):
     path = _write(tmp_path, "bad.json", json.dumps(grid))
     assert main(["sweep", path, "--out", str(tmp_path / "o2")]) == 2
     assert "grid.seed lists 0 twice" in capsys.readouterr().err
+
+
+@needs_toml
+def test_protocol_ports_sweep_beside_ours(tmp_path, capsys):
+    """`port`: any protocol port (ladder/ports.py) is a grid axis; ours is "ours"."""
+    grid = _write(tmp_path, "p.toml", """[sweep]
+name = "ports"
+[grid]
+port = ["ours", "ports.toy_port:build", "ports.toy_port:build_buggy"]
+[fixed]
+prompt_len = 3
+steps = 1
+""")
+    out = tmp_path / "o"
+    assert main(["sweep", grid, "--out", str(out), "--threads", "1"]) == 1
+    capsys.readouterr()
+    ours, toy, buggy = _rows(out)
+    assert ours["status"] == toy["status"] == "pass" and buggy["status"] == "fail"
+    assert ours["points"] == toy["points"] == buggy["points"] > 0
+    assert "ToyPort" in toy["port"] and "torch" in ours["port"]
+    f = buggy["first_divergence"]
+    assert (f["point"], f["position"], f["kind"]) == ("L02.hpost", 0, "own")
+    from ladder.trace import Ladder
+    lad = Ladder.load(out / buggy["archive"]["path"])
+    assert lad.meta["producer"]["backend"] == "ports.toy_port:build_buggy"
+    assert len(lad.tokens) == 4
