@@ -15,6 +15,10 @@
     golden.py    golden trace archives with pytest-regressions' regen semantics
     pytest_plugin.py  the pytest11 plugin: ladder_check, ladder_fixture, --ladder-* flags
     session_summary.py  the plugin's end-of-session lines
+    sweep.py     `python -m ladder sweep`: cases run, resumed, pooled (-j), sharded
+    sweep_grid.py  the grid file: keys, cases, ids, --shard
+    sweep_row.py   one case run and turned into its JSON row
+    sweep_report.py  --merge, and the md/csv/html report with its heat map
     v41.py       DeepSeek-V4.1 attention: its fixture, both sides driven over it, Comparison
     v41_locate.py  V4.1 first divergence, local vs propagated (re-run from the reference's state)
     v41_cli.py   `--model attn_v41` for run, locate and report

@@ -57,9 +57,9 @@ def disagreement(stored, cap, model) -> str:
     if bad:
         return f"was recorded on geometry {bad[0]}={bad[1]!r}, this model has {bad[2]!r}"
     sha = (meta.get("weights") or {}).get("params_sha256")
-    if sha and sha != model.src["sha256"]:
+    if sha and sha != model.ref_sha256:
         return (f"was recorded on parameters {sha[:16]}..., this model's are "
-                f"{model.src['sha256'][:16]}...")
+                f"{model.ref_sha256[:16]}... ({model.describe()})")
     if stored.tokens != cap.tokens:
         i = next((i for i, (a, b) in enumerate(zip(stored.tokens, cap.tokens)) if a != b),
                  min(len(stored.tokens), len(cap.tokens)))

@@ -65,6 +65,16 @@ class ModelUnderTest:
         return cls(spec, cfg, p, ref, src, cactfile)
 
     @property
+    def ref_sha256(self) -> str:
+        """params_sha256 of what the reference runs on: the model a recording must be of
+        (`dump` writes the same; for CQ weights, the dequantised ones)."""
+        if "ref_sha256" not in self.src:
+            from .fixtures import params_sha256
+            self.src["ref_sha256"] = self.src["sha256"] if self.ref_params is self.params \
+                else params_sha256(self.ref_params)
+        return self.src["ref_sha256"]
+
+    @property
     def key(self) -> tuple:
         return tuple(self.spec.get(k) for k in MODEL_KEYS)
 
@@ -109,7 +119,7 @@ def _recording(spec: str, model: ModelUnderTest) -> Ladder:
     from .compare_cli import check_agree, load_side
     from .foreign import fill_not_emitted
     lad = load_side(spec, argparse.Namespace(max_memory=None, map=None))
-    check_agree([(spec, lad)], model.cfg, model.src)
+    check_agree([(spec, lad)], model.cfg, dict(model.src, sha256=model.ref_sha256))
     fill_not_emitted(lad, model.cfg)
     return lad
 
@@ -246,7 +256,7 @@ def save_trace(cap_or_verdict, model: ModelUnderTest, path) -> str:
         geometry=geometry_of(model.cfg), kv_window=c.window,
         weights={"source": model.src["source"],
                  "file": model.src.get("file", model.spec["preset"]),
-                 "params_sha256": model.src["sha256"]},
+                 "params_sha256": model.ref_sha256},
         prompt_len=c.prompt_len)
 
 

@@ -190,6 +190,10 @@ def test_golden_fixtures_follow_pytest_regressions(inner):
 def test_a_golden_file_of_another_schedule_or_garbage_fails_and_regen_fixes_it(inner):
     inner.makepyfile(test_gold=GOLDEN)
     inner.runpytest("--ladder-regen-all").assert_outcomes(passed=2)
+    res = inner.runpytest("--ladder-weights", "cq")       # another model: not compared
+    res.assert_outcomes(failed=2)
+    assert "was recorded on parameters" in res.stdout.str() and "cq weights" in \
+        res.stdout.str()
     inner.makepyfile(test_gold=GOLDEN.replace("seed=5", "seed=6"))
     res = inner.runpytest()
     res.assert_outcomes(passed=1, failed=1)

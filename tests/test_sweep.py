@@ -233,6 +233,14 @@ def test_the_documented_grid_expands_and_validates(capsys):
     parts = [shard_cases(grid.cases, k, 3) for k in (1, 2, 3)]
     assert sorted(c.index for p in parts for c in p) == list(range(28))
     assert [len(p) for p in parts] == [10, 9, 9]
+    # README's "Sweeps" shows this grid: the same tables, whatever the comments say
+    import tomllib
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    shown = tomllib.loads(re.search(r"## Sweeps.*?```toml\n(.*?)```", readme, re.S).group(1))
+    with open(os.path.join(ROOT, "docs", "sweep-tiny.toml"), "rb") as f:
+        shipped = tomllib.load(f)
+    for table in ("grid", "fixed", "exclude"):
+        assert shown[table] == shipped[table], table
 
 
 @needs_toml
