@@ -101,9 +101,17 @@ def save(ladder: Ladder, path, **manifest) -> str:
         raise ArchiveError(f"archive path {path!r} names no file")
     m = manifest_for(ladder, **manifest)
     tensors = {k: v.detach().cpu().contiguous() for k, v in ladder.values.items()}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
+    import tempfile
+    from .atomic import _umask
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    # A fresh temporary name per writer (two processes saving one path, as xdist workers
+    # regenerating one golden file can, must not share it); mkstemp's 0600 widened to what
+    # open() would give.
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        os.close(fd)
         save_file(tensors, tmp, metadata={META_KEY: json.dumps(m, sort_keys=True)})
         os.replace(tmp, path)
     finally:

@@ -10,6 +10,9 @@ pytest-regressions' semantics (what `ladder_fixture` in ladder/pytest_plugin.py 
 
     * unreadable, or recorded on another model, geometry or schedule than the check asks for
 
+A path that is a directory, a symbolic link or another non-regular file fails whatever the
+flags, and is never replaced.
+
 A failing test after a rewrite is the point: the change is seen, then committed. The stored
 ladder stands in for the reference (which does not run); the rules are the check's own.
 """
@@ -38,6 +41,8 @@ class GoldenOutcome:
         if self.action == "rewritten":
             lines.append(f"ladder_fixture {name}: regenerated {self.path} ({self.why}); the "
                          f"test fails so the change is seen (--ladder-regen-all passes)")
+        elif self.why.startswith("is "):
+            lines.append(f"ladder_fixture {name}: {self.path} {self.why}")
         elif self.why:
             lines.append(f"ladder_fixture {name}: the stored fixture {self.path} {self.why}; "
                          f"--ladder-regen rewrites it")
@@ -57,6 +62,8 @@ def disagreement(stored, cap, model) -> str:
     if bad:
         return f"was recorded on geometry {bad[0]}={bad[1]!r}, this model has {bad[2]!r}"
     sha = (meta.get("weights") or {}).get("params_sha256")
+    if sha is not None and not isinstance(sha, str):
+        return f"cannot be read (weights.params_sha256 is {type(sha).__name__}, not a string)"
     if sha and sha != model.ref_sha256:
         return (f"was recorded on parameters {sha[:16]}..., this model's are "
                 f"{model.ref_sha256[:16]}... ({model.describe()})")
@@ -80,6 +87,12 @@ def check_golden(port, model, path: str, regen: str | None, schedule: dict) -> G
     from .archive import ArchiveError
     from .trace import Ladder
     rules, locate = schedule.pop("rules", None), schedule.pop("locate", True)
+    if os.path.lexists(path) and (os.path.islink(path) or not os.path.isfile(path)):
+        # never replaced: something a person put there, not a file this plugin wrote
+        kind = "a symbolic link" if os.path.islink(path) else \
+            "a directory" if os.path.isdir(path) else "not a regular file"
+        return GoldenOutcome(path, True, "compared", f"is {kind}; golden fixtures are regular "
+                                                     f"files (remove it to have one written)")
     cap = capture(port, model, **schedule)
     if not os.path.isfile(path):
         save_trace(cap, model, path)

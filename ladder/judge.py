@@ -115,6 +115,12 @@ def _is_ours(port) -> bool:
     return isinstance(port, V2Model)
 
 
+def _names_a_file(spec: str) -> bool:
+    """A string is a recording's path unless it reads as module:factory and no file (or
+    needle-rs stem) of that name exists; a path object always is one."""
+    return ":" not in spec or os.path.exists(spec) or os.path.exists(spec + ".json")
+
+
 def _recording(spec: str, model: ModelUnderTest) -> Ladder:
     from .compare_cli import check_agree, load_side
     from .foreign import fill_not_emitted
@@ -183,7 +189,7 @@ def capture(port, model: ModelUnderTest, *, tokens=None, prompt_len=None, steps=
             window=None, seed=None, check_plain=True) -> Captured:
     """Resolve `port` (an object, `module:factory`, a Ladder or a recording's path) and
     record its ladder over the schedule (a recording is its own schedule)."""
-    if isinstance(port, (str, os.PathLike)) and ":" not in os.path.basename(os.fspath(port)):
+    if isinstance(port, os.PathLike) or (isinstance(port, str) and _names_a_file(port)):
         port = _recording(os.fspath(port), model)
     elif isinstance(port, str):
         from .ports import build_port

@@ -40,7 +40,7 @@ import re
 import pytest
 
 SCHEDULE_KEYS = {
-    "tokens": "token ids (list of ints); default: seeded ids of prompt_len + steps",
+    "tokens": "token ids (a non-empty list of ints); default: seeded ids of prompt_len + steps",
     "prompt_len": "prompt positions fed as the prefill (int >= 1, default 6)",
     "steps": "one-token decode steps after the prompt (int >= 0, default 12)",
     "seed": "seed of the token ids (int; default the model's seed)",
@@ -96,20 +96,52 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "ladder(**schedule): needle-parity schedule and rules "
                                        "for ladder_check / ladder_fixture; keys: "
                                        + ", ".join(SCHEDULE_KEYS))
-    if config.getoption("--ladder-port") and config.getoption("--ladder-dump"):
+    port, dump, plant = (config.getoption(f"--ladder-{n}") for n in ("port", "dump", "plant"))
+    if port and dump:
         raise pytest.UsageError("--ladder-port and --ladder-dump: give one of them")
+    if config.getoption("--ladder-regen") and config.getoption("--ladder-regen-all"):
+        raise pytest.UsageError("--ladder-regen and --ladder-regen-all: give one of them "
+                                "(-all rewrites every golden fixture, the other only failing)")
+    if plant:
+        other = dump or port or config.getini("ladder_port")
+        if other:
+            raise pytest.UsageError(f"--ladder-plant {plant} plants a bug in our port "
+                                    f"(port.V2Model); the port under test is {other}")
+        from .faults import FAULTS
+        if plant not in FAULTS:
+            raise pytest.UsageError(f"--ladder-plant {plant}: unknown; known: "
+                                    f"{', '.join(sorted(FAULTS))}")
+
+
+_LOWEST = {"prompt_len": 1, "steps": 0, "window": 0}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def check_schedule(kw: dict, where: str) -> dict:
-    """Schedule keywords validated: an unknown key or a wrong type names itself."""
+    """Schedule keywords validated: an unknown key, a wrong type or a value below its limit
+    names itself (None means the default)."""
     for k, v in kw.items():
         if k not in SCHEDULE_KEYS:
             raise LadderMarkerError(f"{where}: unknown key {k!r}; allowed: "
                                     f"{', '.join(SCHEDULE_KEYS)}")
+        if v is None:
+            continue
         want = _TYPES.get(k)
-        if want is not None and v is not None and (
-                not isinstance(v, want) or (want is int and isinstance(v, bool))):
-            raise LadderMarkerError(f"{where}: {k}={v!r} is not {SCHEDULE_KEYS[k]}")
+        bad = want is not None and (not isinstance(v, want) or
+                                    (want is int and not _is_int(v)))
+        if k == "tokens" and not bad:
+            bad = not v or not all(_is_int(t) for t in v)
+        if k == "rules" and not isinstance(v, (str, os.PathLike)):
+            from .rules import RuleSet
+            bad = not isinstance(v, RuleSet)
+        if k in _LOWEST and not bad and v < _LOWEST[k]:
+            bad = True
+        if bad:
+            low = f" (>= {_LOWEST[k]})" if k in _LOWEST else ""
+            raise LadderMarkerError(f"{where}: {k}={v!r} is not {SCHEDULE_KEYS[k]}{low}")
     return kw
 
 
@@ -128,10 +160,22 @@ def pytest_runtest_setup(item):
         _marker_schedule(item)               # a wrong key errors the test before it runs
 
 
+class Recording(str):
+    """A path the port fixture hands over as a recording, never read as module:factory
+    (a file name may hold a ':')."""
+
+    def __fspath__(self):
+        return str(self)
+
+
 def _opt(config, name):
+    """A --ladder-* value; the ini keys stand in for --ladder-port and --ladder-rules (a
+    relative rules path in the ini file is read beside it, as pytest reads ini paths)."""
     v = config.getoption(f"--ladder-{name}")
     if v is None and name in ("port", "rules"):
         v = config.getini(f"ladder_{name}") or None
+        if v and name == "rules" and not os.path.isabs(v) and config.inipath is not None:
+            v = os.path.join(os.path.dirname(str(config.inipath)), v)
     return v
 
 
@@ -172,21 +216,23 @@ def ladder_port(pytestconfig, ladder_reference):
     """The port under test (a recording is returned as the path string judge() reads)."""
     c = pytestconfig
     if _opt(c, "dump"):
-        yield _opt(c, "dump")
+        yield Recording(_opt(c, "dump"))
         return
     if _opt(c, "port"):
-        from .ports import build_port
-        # the weights the reference runs on (dequantised, for --ladder-weights cq): one model
-        yield build_port(_opt(c, "port"), ladder_reference.ref_params, ladder_reference.cfg)
+        from .ports import PortLoadError, build_port
+        try:
+            # the weights the reference runs on (dequantised, for --ladder-weights cq)
+            port = build_port(_opt(c, "port"), ladder_reference.ref_params,
+                              ladder_reference.cfg)
+        except PortLoadError as e:
+            raise pytest.UsageError(str(e).replace("--port", "--ladder-port", 1)) from None
+        yield port
         return
     fault = _opt(c, "plant")
     if fault is None:
         yield ladder_reference.our_port(_opt(c, "backend"), _opt(c, "decode"), _opt(c, "device"))
         return
-    from .faults import FAULTS, planted
-    if fault not in FAULTS:
-        raise pytest.UsageError(f"--ladder-plant {fault}: unknown; known: "
-                                f"{', '.join(sorted(FAULTS))}")
+    from .faults import planted                  # the name was checked in pytest_configure
     with planted(fault, _opt(c, "backend")):
         yield ladder_reference.our_port(_opt(c, "backend"), _opt(c, "decode"),
                                         _opt(c, "device"))
@@ -206,10 +252,42 @@ def _record(request, verdict, kind: str, name: str = "") -> None:
     request.node.user_properties.append((SUMMARY_KEY, line))
 
 
-def _args(request, port, kw: dict):
-    kw = check_schedule(kw, "ladder_check")
-    merged = {**_marker_schedule(request.node), **kw}
-    if merged.get("rules") is None and _opt(request.config, "rules"):
+def _beside_test(request, rules):
+    """A relative rules path of a marker or call is read beside the test file (as golden
+    files are), so the suite runs from any directory."""
+    if isinstance(rules, str) and not os.path.isabs(rules):
+        return os.path.join(os.path.dirname(str(request.node.path)), rules)
+    return rules
+
+
+def _record_golden(request, outcome, name: str) -> None:
+    """The summary line of a golden check: the test's outcome (a comparison that failed and
+    was regenerated under --ladder-regen-all passes), and why when nothing was compared."""
+    v = outcome.verdict
+    if v is not None:
+        line = dict(v.summary(), passed=not outcome.failed)
+    elif outcome.action == "created":
+        return                                   # said by the "golden fixture created" line
+    else:
+        line = {"label": "", "yardstick": "", "passed": not outcome.failed, "points": 0,
+                "failing": 0, "worst_fraction": 0.0, "worst_point": None,
+                "first_divergence": None, "verdict": None}
+    line.update(kind="fixture", name=name, test=request.node.nodeid, why=outcome.why,
+                regenerated=outcome.action == "rewritten")
+    request.node.user_properties.append((SUMMARY_KEY, line))
+
+
+def _args(request, port, kw: dict, where: str):
+    kw = check_schedule(kw, where)
+    marked = _marker_schedule(request.node)
+    # the call's tokens replace the marker's steps, and its steps the marker's tokens
+    for mine, theirs in (("tokens", "steps"), ("steps", "tokens")):
+        if kw.get(mine) is not None and theirs not in kw:
+            marked.pop(theirs, None)
+    merged = {**marked, **kw}
+    if merged.get("rules") is not None:
+        merged["rules"] = _beside_test(request, merged["rules"])
+    elif _opt(request.config, "rules"):
         merged["rules"] = _opt(request.config, "rules")
     if port is None:
         port = request.getfixturevalue("ladder_port")
@@ -222,7 +300,7 @@ def ladder_check(request, ladder_reference):
     from .judge import judge
 
     def check(port=None, model=None, **kw):
-        port, merged = _args(request, port, kw)
+        port, merged = _args(request, port, kw, "ladder_check")
         v = judge(port, model or ladder_reference, **merged)
         _record(request, v, "check")
         if not v.passed:
@@ -235,7 +313,8 @@ def ladder_check(request, ladder_reference):
 def fixture_path(request, name: str) -> str:
     """pytest-regressions' data directory: beside the test file, in a folder named after
     its module (tests/test_x.py -> tests/test_x/NAME.safetensors)."""
-    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", name) or name.startswith("."):
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", name) \
+            or name.startswith("."):
         raise LadderMarkerError(f"ladder_fixture({name!r}): a name of letters, digits, "
                                 f"'_', '-', '.' (1..100 characters, not starting with '.')")
     test_file = str(request.node.path)
@@ -250,12 +329,11 @@ def ladder_fixture(request, ladder_reference):
 
     def check(name, port=None, model=None, **kw):
         path = fixture_path(request, name)
-        port, merged = _args(request, port, kw)
+        port, merged = _args(request, port, kw, "ladder_fixture")
         regen = ("all" if request.config.getoption("--ladder-regen-all") else
                  "failing" if request.config.getoption("--ladder-regen") else None)
         outcome = check_golden(port, model or ladder_reference, path, regen, merged)
-        if outcome.verdict is not None:
-            _record(request, outcome.verdict, "fixture", name)
+        _record_golden(request, outcome, name)
         if outcome.action != "compared":
             request.node.user_properties.append(
                 (GOLDEN_KEY, {"test": request.node.nodeid, "path": path,

@@ -14,7 +14,8 @@ def summary_lines(checks: list) -> list:
     out = [f"{n} ladder case{'s' * (n != 1)} in {tests} test{'s' * (tests != 1)}: "
            f"{points:,} points compared, {len(failing)} case{'s' * (len(failing) != 1)} "
            f"failing"]
-    judged = [c for c in checks if c["worst_point"] is not None]
+    # a comparison against a golden file this session rewrote judged the old file: not counted
+    judged = [c for c in checks if c["worst_point"] is not None and not c.get("regenerated")]
     if judged:
         w = max(judged, key=lambda c: _frac(c["worst_fraction"]))
         frac = w["worst_fraction"]
@@ -24,8 +25,11 @@ def summary_lines(checks: list) -> list:
     for c in failing:
         what = f"fixture {c['name']}" if c["kind"] == "fixture" else c["label"]
         verdict = f" ({c['verdict']} error)" if c["verdict"] else ""
-        out.append(f"FAILED {c['test']} [{what}]: first divergence {c['first_divergence']}"
-                   f"{verdict}")
+        if c["first_divergence"] is not None:
+            out.append(f"FAILED {c['test']} [{what}]: first divergence "
+                       f"{c['first_divergence']}{verdict}")
+        else:
+            out.append(f"FAILED {c['test']} [{what}]: {c.get('why') or 'no divergence'}")
     return out
 
 

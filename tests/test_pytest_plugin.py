@@ -228,3 +228,120 @@ def test_the_readme_example_runs_and_prints_the_summary_it_shows(inner):
     second.assert_outcomes(passed=2)
     for line in shown.strip().splitlines():
         assert line in second.stdout.lines, line
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--ladder-port", "ports.toy_port:build", "--ladder-plant", "hpost_one"],
+     "--ladder-plant hpost_one plants a bug in our port"),
+    (["--ladder-plant", "no_such_fault"], "--ladder-plant no_such_fault: unknown; known: "),
+    (["--ladder-regen", "--ladder-regen-all"], "--ladder-regen and --ladder-regen-all"),
+])
+def test_flags_that_contradict_or_name_nothing_are_usage_errors(inner, flags, needle):
+    inner.makepyfile(test_u=f"def test_u(ladder_check):\n    ladder_check({SHORT})\n")
+    res = inner.runpytest(*flags)
+    assert res.ret == pytest.ExitCode.USAGE_ERROR, res.ret   # refused before any test runs
+    assert needle in res.stdout.str() + res.stderr.str()
+
+
+def test_a_port_that_cannot_be_imported_fails_the_check_naming_the_flag(inner):
+    # imported when a test asks for it: the module may live in the test directory, which
+    # pytest puts on sys.path only as it collects
+    inner.makepyfile(test_u=f"def test_u(ladder_check):\n    ladder_check({SHORT})\n")
+    res = inner.runpytest("--ladder-port", "no_such_module:build")
+    res.assert_outcomes(failed=1)
+    assert "--ladder-port no_such_module:build: cannot import 'no_such_module'" in \
+        res.stdout.str()
+
+
+@pytest.mark.parametrize("call,needle", [
+    ("ladder_check(rules=5)", "rules=5 is not tolerance rules"),
+    ("ladder_check(tokens=['a', 'b'])", "tokens=['a', 'b'] is not token ids"),
+    ("ladder_check(tokens=[1.5, 2.5])", "tokens=[1.5, 2.5] is not token ids"),
+    ("ladder_check(tokens=[])", "tokens=[] is not token ids"),
+    ("ladder_check(window=-3)", "window=-3 is not attention window"),
+    ("ladder_check(prompt_len=0)", "prompt_len=0 is not prompt positions"),
+    ("ladder_fixture(5)", "ladder_fixture(5): a name of letters"),
+    ("ladder_fixture('g', stpes=2)", "ladder_fixture: unknown key 'stpes'"),
+])
+def test_wrong_values_are_refused_naming_them(inner, call, needle):
+    inner.makepyfile(test_v=f"def test_v(ladder_check, ladder_fixture):\n    {call}\n")
+    res = inner.runpytest()
+    res.assert_outcomes(failed=1)
+    assert needle in res.stdout.str()
+    assert not (inner.path / "test_v").exists()               # nothing was written
+
+
+def test_a_call_overrides_the_marker_and_a_recording_may_have_a_colon_in_its_name(inner,
+                                                                                   tmp_path):
+    from ladder.cli import main
+    dump = tmp_path / "run:1.safetensors"
+    assert main(["dump", "torch", "--out", str(dump), "--prompt-len", "3", "--steps", "1"]) == 0
+    inner.makepyfile(test_c=f'''
+import pytest
+
+@pytest.mark.ladder(steps=9)
+def test_c(ladder_check):
+    assert len(ladder_check(tokens=[1, 2, 3, 4], prompt_len=2).tokens) == 4
+''')
+    inner.runpytest().assert_outcomes(passed=1)
+    inner.makepyfile(test_c="def test_c(ladder_check):\n    assert ladder_check().passed\n")
+    inner.runpytest("--ladder-dump", str(dump)).assert_outcomes(passed=1)
+
+
+def test_a_golden_path_that_is_no_regular_file_is_never_replaced(inner):
+    inner.makepyfile(test_d=f"def test_d(ladder_fixture):\n    ladder_fixture('g', {SHORT})\n")
+    (inner.path / "test_d" / "g.safetensors").mkdir(parents=True)
+    for flags in ((), ("--ladder-regen-all",)):
+        res = inner.runpytest(*flags)
+        res.assert_outcomes(failed=1)
+        assert "g.safetensors is a directory; golden fixtures are regular files" in \
+            res.stdout.str()
+        assert (inner.path / "test_d" / "g.safetensors").is_dir()
+
+
+def test_the_summary_follows_the_outcome_and_says_why_nothing_was_compared(inner):
+    inner.makepyfile(test_s=GOLDEN)
+    inner.runpytest("--ladder-regen-all").assert_outcomes(passed=2)
+    # a bug, every file rewritten: the tests pass, so the summary counts no failing case
+    res = inner.runpytest("--ladder-plant", "hpost_one", "--ladder-regen-all")
+    res.assert_outcomes(passed=2)
+    text = res.stdout.str()
+    assert "0 cases failing" in text and "FAILED" not in text
+    assert text.count("golden fixture rewritten: ") == 2
+    # a stored file of another model: no comparison, and the summary says why
+    res = inner.runpytest("--ladder-seed", "1")
+    res.assert_outcomes(failed=2)
+    assert "FAILED test_s.py::test_a [fixture golden_a]: was recorded on parameters" in \
+        res.stdout.str()
+
+
+def test_a_golden_manifest_field_of_the_wrong_type_reads_as_unreadable(inner):
+    from ladder.judge import ModelUnderTest, capture, save_trace
+    inner.makepyfile(test_w=f"def test_w(ladder_fixture):\n    ladder_fixture('g', {SHORT})\n")
+    model = ModelUnderTest.build()
+    cap = capture(model.our_port(), model, prompt_len=3, steps=2)
+    path = inner.path / "test_w" / "g.safetensors"
+    save_trace(cap, model, path)
+    inner.runpytest().assert_outcomes(passed=1)
+    cap.obtained.save(path, producer={}, geometry=cap.obtained.meta.get("geometry") or
+                      __import__("ladder.geometry", fromlist=["x"]).geometry_of(model.cfg),
+                      kv_window=cap.window, weights={"params_sha256": 12345},
+                      prompt_len=cap.prompt_len)
+    res = inner.runpytest()
+    res.assert_outcomes(failed=1)
+    assert "cannot be read (weights.params_sha256 is int, not a string)" in res.stdout.str()
+
+
+def test_two_writers_of_one_archive_never_share_a_temporary_file(tmp_path, monkeypatch):
+    import safetensors.torch as st
+    from ladder.judge import ModelUnderTest, capture, save_trace
+    model = ModelUnderTest.build()
+    cap = capture(model.our_port(), model, prompt_len=2, steps=0)
+    seen, real = [], st.save_file
+    monkeypatch.setattr(st, "save_file", lambda t, p, metadata=None: (seen.append(p),
+                                                                       real(t, p, metadata)))
+    target = tmp_path / "g.safetensors"
+    save_trace(cap, model, target)
+    save_trace(cap, model, target)
+    assert len(set(seen)) == 2 and str(target) + ".tmp" not in seen
+    assert sorted(os.listdir(tmp_path)) == ["g.safetensors"]
