@@ -122,7 +122,11 @@ def _names_a_file(spec: str) -> bool:
 
 
 def _recording(spec: str, model: ModelUnderTest) -> Ladder:
-    from .compare_cli import check_agree, load_side
+    from .compare_cli import LIVE, check_agree, load_side
+    if spec in LIVE and not os.path.exists(spec):
+        raise JudgeError(f"{spec!r} is not a recording: give a trace archive's path or a "
+                         f"needle-rs stem (live sides such as {spec} are `python -m ladder "
+                         f"compare`'s)")
     from .foreign import fill_not_emitted
     lad = load_side(spec, argparse.Namespace(max_memory=None, map=None))
     check_agree([(spec, lad)], model.cfg, dict(model.src, sha256=model.ref_sha256))

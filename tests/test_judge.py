@@ -63,3 +63,8 @@ def test_a_schedule_it_cannot_run_is_refused_naming_the_value(tiny, kw, needle):
 def test_a_bad_weight_form_is_refused():
     with pytest.raises(JudgeError, match="weights='q4'"):
         ModelUnderTest.build(weights="q4")
+
+
+def test_a_live_side_name_is_not_a_recording(tiny):
+    with pytest.raises(JudgeError, match="'torch' is not a recording"):
+        judge("torch", tiny)
