@@ -1,12 +1,18 @@
 #!/bin/bash
-# A sweep as a Slurm job array: N shard tasks, then one merge job once all of them succeed.
+# A sweep as a Slurm job array: one task per shard, then one merge job submitted beside it.
 #
-#   sbatch --array=0-7 docs/sweep-slurm.sh docs/sweep-tiny.toml sweeps/tiny     (8 shards)
+#   jid=$(sbatch --parsable --array=0-7 docs/sweep-slurm.sh docs/sweep-tiny.toml sweeps/tiny)
+#   sbatch --dependency=afterany:$jid --job-name=ladder-sweep-merge \
+#       --wrap "python -m ladder sweep --merge sweeps/tiny/shard-* --out sweeps/tiny/report"
+#
+# The merge is its own submission, not something a task does: it runs once whatever each
+# task's exit (afterany), and a requeued task cannot submit it twice. The merge then exits 2
+# if a shard left cases missing (listed; resubmit that task, it resumes) or if a case errored.
 #
 # Each task runs shard K/N of the grid (K = SLURM_ARRAY_TASK_ID + 1, N = the array's size)
 # into its own directory on the shared filesystem, on the CPUs Slurm gave it. A task that is
 # preempted or times out is simply resubmitted: the sweep skips every case that has a result
-# and re-runs only the rest. The last line submits the merge, which waits for every task.
+# and re-runs only the rest.
 #SBATCH --job-name=ladder-sweep
 #SBATCH --cpus-per-task=4
 #SBATCH --time=02:00:00
@@ -20,16 +26,10 @@ n=$SLURM_ARRAY_TASK_COUNT
 cpus=${SLURM_CPUS_PER_TASK:-1}
 
 # -j: one worker per CPU, one thread each (the sweep pins them; tiny cases gain nothing from
-# more threads). A divergence exits 1, which is a result, not a failed task: only exit 2 (bad
-# input) or a crash fails the task.
+# more threads). Exit 1 means a case diverged: a result, so the task succeeds. Exit 2 means
+# a case errored (its row says why; the other cases ran) or the input was refused (grid,
+# flags, --out): the task fails, so it shows in sacct, and the merge still runs.
 status=0
 python -m ladder sweep "$grid" --out "$out/shard-$k-of-$n" --shard "$k/$n" -j "$cpus" \
     --threads 1 || status=$?
 [ "$status" -le 1 ] || exit "$status"
-
-# The first task submits the merge, held until every task of this array has ended.
-if [ "$k" -eq 1 ]; then
-    sbatch --dependency="afterany:$SLURM_ARRAY_JOB_ID" --job-name=ladder-sweep-merge \
-        --output="%x-%j.log" --wrap="python -m ladder sweep --merge $out/shard-*-of-$n \
-        --out $out/report"
-fi

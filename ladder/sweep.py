@@ -18,7 +18,10 @@ DIR...` joins shards (ladder/sweep_report.py, which also writes every sweep's re
 can hang). Each is pinned to its share of the CPUs (--threads, default CPUs // N): the OMP/MKL
 variables are set before the workers start and again in their initializer, with
 torch.set_num_threads and the native step's own thread count, so N workers never run more
-threads than there are CPUs. Rows cross the pool as plain dicts; on disk they are JSON.
+threads than there are CPUs. Rows cross the pool as plain dicts; on disk they are JSON. The
+workers die with the sweep however it ends (_die_with_parent), and at most N cases are in
+the pool at a time, so a killed sweep leaves nothing running or queued behind it. A
+result.json is read back as hostile input (sweep_row.read_row): a bad one is a case not done.
 """
 from __future__ import annotations
 
@@ -36,7 +39,6 @@ from .sweep_grid import FORMAT, SCHEMA, Case, SweepError, load_grid, parse_shard
 
 ARCHIVES = ("all", "failing", "none")
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-MAX_ROW = 16 << 20               # bytes of one result.json (a shipped-preset row is ~10 KB)
 _PARSER = []                     # the run parser, built once per process (argparse is slow)
 
 
@@ -222,20 +224,36 @@ def run_case(job: dict) -> dict:
     return row
 
 
-def read_row(out: str, case: Case):
-    """The case's finished row, or None (no result yet, or one that does not parse)."""
-    from reference.safe_io import load_json
-    p = os.path.join(out, "cases", case.id, "result.json")
-    if not os.path.isfile(p):
-        return None
-    try:
-        row = load_json(p, MAX_ROW, SweepError, "result file")
-    except SweepError:
-        return None
-    return row if isinstance(row, dict) and row.get("id") == case.id else None
+def _die_with_parent(parent: int) -> None:
+    """End this worker when the sweep that spawned it dies, however it dies: a SIGKILLed
+    parent runs no cleanup, and its orphaned workers would go on taking queued cases and
+    writing into cases/, racing the resumed sweep. Linux: the kernel's parent-death signal;
+    elsewhere, a thread polling the parent pid."""
+    import signal
+    import threading
+    armed = False
+    if sys.platform.startswith("linux"):
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        # sent when the thread that spawned this worker ends: the sweep's main thread, since
+        # it submits and so spawns (run_cases), so in effect when the sweep ends
+        armed = libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0      # 1: PR_SET_PDEATHSIG
+    if not armed:                       # not Linux, or prctl refused (a seccomp sandbox)
+        def watch():
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os._exit(1)
+        threading.Thread(target=watch, name="sweep-parent-watch", daemon=True).start()
+    if os.getppid() != parent:          # the parent died before the signal was armed
+        os._exit(1)
 
 
-def _init_worker(threads: int, native: bool, flush_denormal: bool = False) -> None:
+def _init_worker(threads: int, native: bool, flush_denormal: bool = False,
+                 parent: int | None = None) -> None:
+    """A process set up to compute cases: `threads` threads; a pool worker (`parent`, the
+    sweep's pid) also dies with the sweep."""
+    if parent is not None:
+        _die_with_parent(parent)
     for v in THREAD_VARS:
         os.environ[v] = str(threads)
     import torch
@@ -265,30 +283,6 @@ def _pinned(threads: int, native: bool, flush_denormal: bool = False):
         torch.set_num_threads(before)
 
 
-class Progress:
-    """One stderr line per finished case: done/total, the case, rate and ETA (this run's
-    cases only; those done earlier are counted as done, not timed)."""
-
-    def __init__(self, total: int, done: int, stream):
-        self.total, self.done, self.ran, self.stream = total, done, 0, stream
-        self.t0 = time.perf_counter()
-
-    def __call__(self, row: dict) -> None:
-        self.done += 1
-        self.ran += 1
-        dt = time.perf_counter() - self.t0
-        rate = self.ran / dt if dt > 0 else 0.0
-        eta = (self.total - self.done) / rate if rate else 0.0
-        w = row.get("worst") or {}
-        err = w.get("error")
-        what = (f"worst {err:.3g}" if isinstance(err, float) else f"worst {err}") + \
-            f" at {w['step']}/{w['point']}" if w else row.get("message")
-        self.stream.write(f"sweep [{self.done:{len(str(self.total))}d}/{self.total}] "
-                          f"{row['id']} {row['status']:5s} {row['timing']['seconds']:.2f} s "
-                          f"({str(what)[:80]}) | {rate * 60:.1f} cases/min, ETA {eta:.0f} s\n")
-        self.stream.flush()
-
-
 def jobs_for(cases: list, out: str, base: str, archives: str = "all") -> list:
     """The plain dicts run_case takes, one per case."""
     return [{"case": {"index": c.index, "id": c.id, "settings": c.settings},
@@ -304,13 +298,23 @@ def run_cases(jobs: list, workers: int, threads: int, native: bool, on_row,
                 on_row(run_case(job))
             return
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-        ex = ProcessPoolExecutor(min(workers, len(jobs)),
-                                 mp_context=multiprocessing.get_context("spawn"),
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+        n = min(workers, len(jobs))
+        ex = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_init_worker,
-                                 initargs=(threads, native, flush_denormal))
+                                 initargs=(threads, native, flush_denormal, os.getpid()))
+        # at most n cases handed to the pool at a time: the rest stay here, so a stopped
+        # sweep leaves nothing queued in its workers' pipe to be run after it
+        todo, running = iter(jobs), set()
         try:
-            for fut in as_completed([ex.submit(run_case, job) for job in jobs]):
+            for job in todo:
+                running.add(ex.submit(run_case, job))
+                if len(running) < n:
+                    continue
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    on_row(fut.result())
+            for fut in wait(running).done:
                 on_row(fut.result())
         finally:
             ex.shutdown(wait=True, cancel_futures=True)
@@ -358,14 +362,19 @@ def cmd_sweep(args, out=print) -> int:
         return 0
     manifest = manifest_of(grid, k, n)
     claim(args.out, manifest)
-    rows = {c.id: read_row(args.out, c) for c in mine}
+    from .sweep_row import read_row
+    rows = {}
+    for c in mine:
+        rows[c.id], why = read_row(args.out, c)
+        if why:                             # a row the report could not read: run it again
+            stream.write(f"sweep: {why}; case {c.id} is not done, running it again\n")
     todo = [c for c in mine if rows[c.id] is None]
     threads = threads_per_worker(args)
     native = any(c.settings.get("backend") == "native" for c in todo)
     stream.write(f"sweep {grid.name}: {len(grid.cases)} cases, shard {k}/{n}: {len(mine)}, "
                  f"{len(mine) - len(todo)} done before, running {len(todo)} with -j "
                  f"{args.jobs} x {threads} thread{'s' * (threads != 1)}\n")
-    progress = Progress(len(mine), len(mine) - len(todo), stream)
+    progress = sweep_report.Progress(len(mine), len(mine) - len(todo), stream)
 
     def finished(row):
         rows[row["id"]] = row

@@ -10,7 +10,8 @@
                   allowance (green within half the allowance, yellow near it, red past it)
 
 Merging refuses directories of different grids (grid_sha256, naming both) and two
-directories whose rows for one case disagree (timing aside); missing cases are an error
+directories whose rows for one case disagree (in anything but what the run environment sets:
+sweep_row.RUN_ENV, and the thread count in `port`); missing cases are an error
 unless --allow-partial, and are listed in the report either way.
 """
 from __future__ import annotations
@@ -20,51 +21,88 @@ import io
 import json
 import math
 import os
+import re
+import time
 from html import escape
 
-from .sweep_grid import SweepError
-from .sweep_row import WHOLE, frac_key
+from .sweep_grid import MAX_CASES, SweepError
+from .sweep_row import WHOLE, frac_key, run_env_free
 
 MAX_MANIFEST = 64 << 20          # sweep.json holds every case id: ~20 bytes a case
-VOLATILE = ("timing",)           # row fields that may differ between two runs of one case
+_CASE_ID = re.compile(r"c\d{4,}-[0-9a-f]{8}")       # sweep_grid.case_id; also a directory name
+
+
+def _manifest_field(p: str, m: dict, field: str, ok, what: str):
+    if field not in m:
+        raise SweepError(f"{p}: sweep manifest field {field!r} is missing")
+    if not ok(m[field]):
+        raise SweepError(f"{p}: sweep manifest field {field!r} = "
+                         f"{json.dumps(m[field], default=str)[:60]}: must be {what}")
 
 
 def read_manifest(d: str) -> dict:
+    """DIR/sweep.json, every field the sweep and the merge read checked (SweepError naming
+    the file and the field): it may come from another machine, or have been edited."""
     from reference.safe_io import load_json
+    from .sweep_grid import FORMAT, SCHEMA, parse_shard
     p = os.path.join(d, "sweep.json")
-    if not os.path.isfile(p):
-        raise SweepError(f"{d}: no sweep.json, so not a sweep directory (sweep GRID.toml "
-                         f"--out {d} makes one)")
+    if os.path.islink(p) or not os.path.isfile(p):
+        raise SweepError(f"{d}: no sweep.json (a regular file), so not a sweep directory "
+                         f"(sweep GRID.toml --out {d} makes one)")
     m = load_json(p, MAX_MANIFEST, SweepError, "sweep manifest")
-    if not isinstance(m, dict) or m.get("format") != "needle-parity-sweep" or \
-            not isinstance(m.get("case_ids"), list) or not isinstance(m.get("grid_sha256"), str):
-        raise SweepError(f"{p}: not a needle-parity sweep manifest (format, grid_sha256, "
-                         f"case_ids)")
+    if not isinstance(m, dict):
+        raise SweepError(f"{p}: not a needle-parity sweep manifest (a JSON object)")
+
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_shard(v):
+        try:
+            return isinstance(v, str) and bool(parse_shard(v))
+        except SweepError:
+            return False
+    for field, ok, what in (
+            ("format", lambda v: v == FORMAT, json.dumps(FORMAT)),
+            ("schema_version", lambda v: is_int(v) and v == SCHEMA, f"{SCHEMA}"),
+            ("name", lambda v: isinstance(v, str), "a string"),
+            ("grid_file", lambda v: isinstance(v, str), "a string"),
+            ("grid", lambda v: isinstance(v, dict), "an object (the grid's tables)"),
+            ("files", lambda v: isinstance(v, dict) and
+             all(isinstance(x, str) for x in (*v, *v.values())), "an object of strings"),
+            ("grid_sha256", lambda v: isinstance(v, str) and
+             re.fullmatch(r"[0-9a-f]{64}", v) is not None, "64 hex digits"),
+            ("shard", is_shard, "K/N with 1 <= K <= N"),
+            ("cases", lambda v: is_int(v) and 1 <= v <= MAX_CASES,
+             f"an integer from 1 to {MAX_CASES}"),
+            ("case_ids", lambda v: isinstance(v, list) and len(v) == m["cases"] and
+             all(isinstance(c, str) and _CASE_ID.fullmatch(c) for c in v) and
+             len(set(v)) == len(v),
+             f"a list of {m.get('cases')} distinct case ids (c0007-1a2b3c4d)")):
+        _manifest_field(p, m, field, ok, what)
     return m
 
 
 def read_rows(d: str, manifest: dict) -> list:
-    """The finished rows of a sweep directory (a case dir without result.json: not done)."""
-    from reference.safe_io import load_json
-    from .sweep import MAX_ROW
-    root, ids, rows = os.path.join(d, "cases"), set(manifest["case_ids"]), []
+    """The finished rows of a sweep directory (a case dir without result.json: not done),
+    each checked (sweep_row.check_row); anything else under cases/ is refused."""
+    from .sweep_row import check_row, read_result
+    root, rows = os.path.join(d, "cases"), []
+    index = {c: i for i, c in enumerate(manifest["case_ids"])}
+    if os.path.islink(root):
+        raise SweepError(f"{root}: a symbolic link; a sweep's cases/ is its own directory")
     for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         p = os.path.join(root, name, "result.json")
-        if not os.path.isfile(p):
+        if not os.path.lexists(p) and not os.path.islink(os.path.dirname(p)):
             continue
-        if name not in ids:
+        if name not in index:
             raise SweepError(f"{p}: case {name} is not a case of this grid "
-                             f"({manifest.get('grid_file')})")
-        row = load_json(p, MAX_ROW, SweepError, "result file")
-        if not isinstance(row, dict) or row.get("id") != name:
-            raise SweepError(f"{p}: not the row of case {name}")
+                             f"({manifest['grid_file']})")
+        row = check_row(read_result(p), p)
+        if row["id"] != name or row["index"] != index[name]:
+            raise SweepError(f"{p}: field 'id'/'index' = {row['id']}/{row['index']}: not the "
+                             f"row of case {name} (index {index[name]})")
         rows.append(row)
     return rows
-
-
-def stable(row: dict) -> dict:
-    """The row without its run-to-run fields: what two runs of one case must agree on."""
-    return {k: v for k, v in row.items() if k not in VOLATILE}
 
 
 def cmd_merge(args, out) -> int:
@@ -80,14 +118,14 @@ def cmd_merge(args, out) -> int:
                              f"shards of one grid")
         for row in read_rows(d, m):
             prev = rows.get(row["id"])
-            if prev is not None and stable(prev) != stable(row):
-                field = next(k for k in stable(row).keys() | stable(prev).keys()
-                             if prev.get(k) != row.get(k))
+            a, b = (run_env_free(r) for r in (prev, row)) if prev else (None, None)
+            if prev is not None and a != b:
+                field = next(k for k in row if a.get(k) != b.get(k))
                 raise SweepError(f"sweep --merge: case {row['id']} differs between "
                                  f"{source[row['id']]} and {d} (field {field!r}: "
                                  f"{json.dumps(prev.get(field))[:80]} vs "
                                  f"{json.dumps(row.get(field))[:80]})")
-            rows[row["id"]] = row
+            rows.setdefault(row["id"], row)         # the first directory's, as `source`
             source.setdefault(row["id"], d)
     ids = first["case_ids"]
     missing = [i for i in ids if i not in rows]
@@ -131,6 +169,30 @@ def _flat(row: dict, keys: list, layers: list) -> dict:
     d.update(archive=(row.get("archive") or {}).get("path"),
              seconds=(row.get("timing") or {}).get("seconds"), message=row.get("message"))
     return d
+
+
+class Progress:
+    """One stderr line per finished case: done/total, the case, rate and ETA (this run's
+    cases only; those done earlier are counted as done, not timed)."""
+
+    def __init__(self, total: int, done: int, stream):
+        self.total, self.done, self.ran, self.stream = total, done, 0, stream
+        self.t0 = time.perf_counter()
+
+    def __call__(self, row: dict) -> None:
+        self.done += 1
+        self.ran += 1
+        dt = time.perf_counter() - self.t0
+        rate = self.ran / dt if dt > 0 else 0.0
+        eta = (self.total - self.done) / rate if rate else 0.0
+        w = row.get("worst") or {}
+        err = w.get("error")
+        what = (f"worst {err:.3g}" if isinstance(err, float) else f"worst {err}") + \
+            f" at {w['step']}/{w['point']}" if w else row.get("message")
+        self.stream.write(f"sweep [{self.done:{len(str(self.total))}d}/{self.total}] "
+                          f"{row['id']} {row['status']:5s} {row['timing']['seconds']:.2f} s "
+                          f"({str(what)[:80]}) | {rate * 60:.1f} cases/min, ETA {eta:.0f} s\n")
+        self.stream.flush()
 
 
 def counts(rows: list) -> dict:

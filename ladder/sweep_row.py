@@ -13,7 +13,11 @@ the code and torch, so a case run on any shard, in any worker, gives the same ro
     logits                          {positions, argmax_agree, near_ties, topk_agree, max_kl}
     port, params_sha256, torch, threads
     archive                         {path, sha256, bytes} of the trace archive, or null
-    timing                          {seconds, started}: the only fields that vary run to run
+    timing                          {seconds, started}
+
+`timing`, `threads` and the thread count inside `port` ("..., 2 torch threads") follow the run
+environment (-j, --threads), not the case: RUN_ENV, which `--merge` leaves out when it checks
+that two runs of one case agree. Every other field is the same on any shard, in any worker.
 
 An error is a fraction of its rule's allowance (pass <= 1); one that is not finite (a NaN or
 Inf capture, a point not traced) is the string "unbounded", since JSON holds no infinity.
@@ -24,8 +28,13 @@ import contextlib
 import io
 import math
 import os
+import re
+import stat
 
 WHOLE = "embed/final"            # the points outside every layer: embed, Engram, the head
+MAX_ROW = 16 << 20               # bytes of one result.json (a shipped-preset row is ~10 KB)
+RUN_ENV = ("timing", "threads")  # row fields set by the run environment, not the case
+_THREADS = re.compile(r"\b\d+ (\w+) threads?\b")   # runinfo.thread_count's "2 torch threads"
 
 
 def frac(x):
@@ -39,11 +48,17 @@ def frac_key(v) -> float:
 
 
 def empty_row(case, run: str) -> dict:
+    """Every field a row has (ROW_FIELDS, in order), none of them known yet."""
     return {"id": case.id, "index": case.index, "settings": dict(case.settings), "run": run,
             "status": "error", "message": None, "points": None, "failing": None,
             "not_compared": None, "worst": None, "first_divergence": None, "layers": {},
             "logits": None, "port": None, "params_sha256": None, "torch": None,
             "threads": None, "archive": None, "timing": None}
+
+
+ROW_FIELDS = ("id", "index", "settings", "run", "status", "message", "points", "failing",
+              "not_compared", "worst", "first_divergence", "layers", "logits", "port",
+              "params_sha256", "torch", "threads", "archive", "timing")
 
 
 def _layers(cmp) -> dict:
@@ -172,3 +187,165 @@ def case_row(case, base: str):
         lines.append(row["message"])
     row["torch"], row["threads"] = torch.__version__, torch.get_num_threads()
     return row, lines, archive
+
+
+def run_env_free(row: dict) -> dict:
+    """The row without what the run environment sets: RUN_ENV, and the thread count that
+    `port` embeds (kept as "N torch threads", so another backend's label still differs)."""
+    out = {k: v for k, v in row.items() if k not in RUN_ENV}
+    if isinstance(out.get("port"), str):
+        out["port"] = _THREADS.sub(r"N \1 threads", out["port"])
+    return out
+
+
+# ------------------------------------------------------------ reading a row back
+# A result.json is read as a hostile file: the sweep wrote it, but a shard copied between
+# machines or a directory someone edited may hold anything, and the report indexes into it.
+STATUSES = ("pass", "fail", "error")
+_NUM = "a number >= 0 or \"unbounded\""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_frac(v) -> bool:
+    return v == "unbounded" or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                and v >= 0)
+
+
+def _opt(test, what):
+    return (lambda v: v is None or test(v)), f"{what} or null"
+
+
+_STR = (lambda v: isinstance(v, str)), "a string"
+_INT = (lambda v: _is_int(v) and v >= 0), "an integer >= 0"
+_FRAC = _is_frac, _NUM
+_POINT = {"step": _opt(*_STR), "point": _opt(*_STR), "layer": _opt(*_INT),
+          "position": _opt(*_INT)}
+SUB = {
+    "worst": dict(_POINT, error=_FRAC),
+    "first_divergence": dict(_POINT, error=_opt(*_FRAC), kind=_STR, verdict=_STR),
+    "logits": {"positions": _INT, "argmax_agree": _INT, "near_ties": _INT,
+               "topk_agree": _INT, "max_kl": _opt(lambda v: _is_frac(v) and v != "unbounded",
+                                                  "a number >= 0")},
+    "archive": {"path": _STR, "sha256": _STR, "bytes": _INT},
+    "timing": {"seconds": _opt(lambda v: _is_frac(v) and v != "unbounded", "a number >= 0"),
+               "started": _opt(*_STR)},
+}
+_SETTING = (lambda v: isinstance(v, (str, bool)) or _is_int(v)), "a string, integer or boolean"
+SCALARS = {
+    "id": _STR, "index": _INT, "run": _STR,
+    "status": ((lambda v: v in STATUSES), " or ".join(map(repr, STATUSES))),
+    "message": _opt(*_STR), "points": _opt(*_INT), "failing": _opt(*_INT),
+    "not_compared": _opt(*_INT), "port": _opt(*_STR), "params_sha256": _opt(*_STR),
+    "torch": _opt(*_STR), "threads": _opt(*_INT),
+}
+
+
+def _shown(v) -> str:
+    import json
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check(where: str, field: str, v, test) -> None:
+    ok, what = test
+    if not ok(v):
+        from .sweep_grid import SweepError
+        raise SweepError(f"{where}: field {field!r} = {_shown(v)}: must be {what}")
+
+
+def _same_keys(where: str, v: dict, fields: list, prefix: str = "") -> None:
+    from .sweep_grid import SweepError
+    for k in [k for k in fields if k not in v] + [k for k in v if k not in fields]:
+        raise SweepError(f"{where}: field '{prefix}{k}' is "
+                         f"{'missing' if k in fields else 'not a row field'}")
+
+
+def _check_table(where: str, field: str, v, spec: dict) -> None:
+    from .sweep_grid import SweepError
+    if not isinstance(v, dict):
+        raise SweepError(f"{where}: field {field!r} = {_shown(v)}: must be an object "
+                         f"{{{', '.join(spec)}}} or null")
+    _same_keys(where, v, list(spec), f"{field}.")
+    for k, test in spec.items():
+        _check(where, f"{field}.{k}", v[k], test)
+
+
+def check_row(row, where: str) -> dict:
+    """`row` if it has every field the report reads, each of its type; else SweepError
+    naming `where` (the file) and the field."""
+    from .sweep_grid import KEYS, SweepError
+    if not isinstance(row, dict):
+        raise SweepError(f"{where}: a result row must be a JSON object, not {_shown(row)}")
+    _same_keys(where, row, ROW_FIELDS)
+    for k, test in SCALARS.items():
+        _check(where, k, row[k], test)
+    for k, spec in SUB.items():
+        if row[k] is not None:
+            _check_table(where, k, row[k], spec)
+    for k, spec in (("settings", (lambda s: s in KEYS, _SETTING)),
+                    ("layers", (lambda s: isinstance(s, str), _FRAC))):
+        if not isinstance(row[k], dict):
+            raise SweepError(f"{where}: field {k!r} = {_shown(row[k])}: must be an object")
+        key_ok, value_test = spec
+        for name, v in row[k].items():
+            if not key_ok(name):
+                raise SweepError(f"{where}: field '{k}' has key {_shown(name)}: "
+                                 f"{'not a grid key' if k == 'settings' else 'not a layer'}")
+            _check(where, f"{k}.{name}", v, value_test)
+    return row
+
+
+def read_result(path: str, limit: int = MAX_ROW):
+    """The JSON of a result.json that is a regular file (never a link: a row is the sweep's
+    own file, and a link could make one directory's result another's), capped at `limit`;
+    SweepError otherwise. O_NOFOLLOW refuses the link on the open itself, so nothing can
+    swap one in between a check and the read."""
+    from reference.safe_io import parse_json
+    from .sweep_grid import SweepError
+    case_dir = os.path.dirname(path)
+    if os.path.islink(case_dir):
+        raise SweepError(f"{case_dir}: a case directory that is a symbolic link; refused")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) |
+                     getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        why = "a symbolic link" if os.path.islink(path) else e.strerror
+        raise SweepError(f"{path}: result file: {why}; refused") from None
+    try:                                # checked on the descriptor: a directory opens too
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SweepError(f"{path}: result file is not a regular file; refused")
+        if st.st_size > limit:
+            raise SweepError(f"{path}: {st.st_size} bytes exceeds the result file limit "
+                             f"{limit}")
+        if hasattr(os, "O_NONBLOCK"):
+            os.set_blocking(fd, True)
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise SweepError(f"{path}: grew past the result file limit {limit} while read")
+    return parse_json(raw, path, SweepError)
+
+
+def read_row(out: str, case):
+    """(the case's finished row, None) or (None, why it is not done): no result yet, or one
+    that is not a regular file, does not parse, lacks a field or is another case's row."""
+    from .sweep_grid import SweepError
+    p = os.path.join(out, "cases", case.id, "result.json")
+    if not os.path.lexists(p) and not os.path.islink(os.path.dirname(p)):
+        return None, None
+    try:
+        row = check_row(read_result(p), p)
+        if (row["id"], row["index"], row["settings"]) != (case.id, case.index, case.settings):
+            raise SweepError(f"{p}: the row of case {row['id']} (index {row['index']}), not "
+                             f"of {case.id} ({case.describe()})")
+    except SweepError as e:
+        return None, str(e)
+    return row, None

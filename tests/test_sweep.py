@@ -315,3 +315,75 @@ steps = 1
     lad = Ladder.load(out / buggy["archive"]["path"])
     assert lad.meta["producer"]["backend"] == "ports.toy_port:build_buggy"
     assert len(lad.tokens) == 4
+
+
+def _children(pid):
+    """The pids whose parent is `pid` (its pool workers and the resource tracker)."""
+    kids = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            kids |= {int(k) for k in f.read().split()}
+    return kids
+
+
+def _alive(pid):
+    """Running, not a zombie (an orphan's new parent may never reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@needs_toml
+@pytest.mark.skipif(not os.path.isfile(f"/proc/self/task/{os.getpid()}/children"),
+                    reason="finds the workers through /proc/PID/task/TID/children (Linux)")
+def test_a_killed_pool_sweep_takes_its_workers_with_it(tmp_path, capsys):
+    """SIGKILL runs no cleanup in the sweep: its workers must end with it (the kernel's
+    parent-death signal), not go on writing results into cases/ beside a resumed sweep."""
+    grid = _write(tmp_path, "g.toml", GRID.replace("seed = [0, 1, 2]", "seed = [0, 1, 2, 3]")
+                  .replace("prompt_len = [2, 3]", "prompt_len = [2]")
+                  .replace('weights = ["dense", "cq"]', 'weights = ["dense"]'))
+    out = tmp_path / "o"
+    p = subprocess.Popen(_sweep_cmd(grid, "--out", out, "-j", 2, "--threads", 1), env=ENV,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while len(_results(out) if (out / "cases").is_dir() else {}) < 2:
+            assert p.poll() is None, "the sweep ended before 2 results"
+            time.sleep(0.01)
+        kids = _children(p.pid)
+        p.send_signal(signal.SIGKILL)
+    finally:
+        p.wait(timeout=60)
+    at_kill, t0 = set(_results(out)), time.monotonic()
+    assert len(kids) >= 2 and 2 <= len(at_kill) < 8
+    while any(map(_alive, kids)) and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    assert not [k for k in kids if _alive(k)], "a worker outlived its sweep"
+    time.sleep(max(0.0, t0 + 1.0 - time.monotonic()))  # an orphan would finish its case by now
+    assert set(_results(out)) == at_kill
+    capsys.readouterr()
+    assert main(["sweep", grid, "--out", str(out), "--threads", "1"]) == 1
+    ran = re.findall(r"^sweep \[\d+/8\] (c\d{4}-[0-9a-f]{8}) ", capsys.readouterr().err, re.M)
+    assert sorted(ran) == sorted(set(_results(out)) - at_kill) and len(_results(out)) == 8
+
+
+@needs_toml
+@pytest.mark.skipif(__import__("ladder.sweep").sweep.cpus() < 2, reason="--threads 2")
+def test_the_same_grid_at_other_thread_counts_merges(tmp_path, capsys):
+    """`threads` and the thread count in `port` follow --threads, not the case: merge leaves
+    them out, as `timing` (the tiny preset's numbers do not move with the thread count)."""
+    grid = _write(tmp_path, "g.toml", GRID.replace("seed = [0, 1, 2]", "seed = [0]")
+                  .replace("prompt_len = [2, 3]", "prompt_len = [2]")
+                  .replace('weights = ["dense", "cq"]', 'weights = ["dense"]'))
+    for t in (1, 2):
+        assert main(["sweep", grid, "--out", str(tmp_path / f"t{t}"), "--threads", str(t)]) == 1
+    one, two = _rows(tmp_path / "t1"), _rows(tmp_path / "t2")
+    assert [r["threads"] for r in one + two] == [1, 1, 2, 2]
+    assert "1 torch thread" in one[0]["port"] and "2 torch threads" in two[0]["port"]
+    capsys.readouterr()
+    assert main(["sweep", "--merge", str(tmp_path / "t1"), str(tmp_path / "t2"), "--out",
+                 str(tmp_path / "m")]) == 1, capsys.readouterr().err
+    from ladder.sweep_row import run_env_free
+    assert list(map(run_env_free, one)) == list(map(run_env_free, two))
+    assert _rows(tmp_path / "m") == one                 # the first directory's rows

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -79,55 +80,56 @@ def main(argv=None) -> int:
     from ladder.sweep_grid import load_grid
     say = Stages("bench_sweep")
     tmp = tempfile.mkdtemp(prefix="bench-sweep-")
-    grid_path = os.path.join(tmp, "bench.toml")
-    with open(grid_path, "w") as f:
-        f.write(f"[sweep]\nname = \"bench\"\n[grid]\nseed = {list(range(args.cases))}\n"
-                f"[fixed]\npreset = \"tiny\"\nprompt_len = {args.prompt_len}\n"
-                f"steps = {args.steps}\nweights = \"dense\"\nno_check_plain = true\n")
-    grid = load_grid(grid_path)
-    validate_cases(grid)
-    say(f"{len(grid.cases)} cases (tiny, prompt {args.prompt_len} + {args.steps} steps), "
-        f"-j {args.jobs} x {args.threads} thread(s), {args.repeats} repeats, in {tmp}")
-    run_cases(jobs_for(grid.cases[:1], os.path.join(tmp, "warm"), grid.base), 1,
-              args.threads, False, lambda row: None, flush_denormal=True)
-    seconds, per_case = {j: [] for j in jobs}, {j: [] for j in jobs}
-    for r in range(args.repeats):
-        for j in (jobs if r % 2 == 0 else jobs[::-1]):
-            out = os.path.join(tmp, f"r{r}-j{j}")
-            say(f"repeat {r + 1}/{args.repeats}: -j {j}")
-            t0 = time.perf_counter()
-            run_cases(jobs_for(grid.cases, out, grid.base), j, args.threads, False,
-                      lambda row: per_case[j].append(row["timing"]["seconds"]),
-                      flush_denormal=True)
-            seconds[j].append(time.perf_counter() - t0)
-            say(f"repeat {r + 1}/{args.repeats}: -j {j}: {seconds[j][-1]:.2f} s, "
-                f"{len(grid.cases) / seconds[j][-1] * 60:.1f} cases/min")
-    rate = {j: len(grid.cases) / statistics.median(s) * 60 for j, s in seconds.items()}
-    print(f"sweep throughput, {len(grid.cases)} tiny cases (prompt {args.prompt_len} + "
-          f"{args.steps} steps, dense, no plain check), {args.threads} thread(s) per worker, "
-          f"{cpus()} CPUs ({_cpu_name()}), torch {torch.__version__}, median of "
-          f"{args.repeats}, alternating:")
-    # s per case: one case's own time inside its worker; if it stays flat as -j grows, the
-    # workers do not slow each other and what -j loses is the pool's start-up
-    print(f"{'-j':>3s} {'s per sweep (each repeat)':>30s} {'cases/min':>10s} "
-          f"{'vs -j ' + str(jobs[0]):>8s} {'s per case':>11s}")
-    for j in jobs:
-        each = ", ".join(f"{s:.2f}" for s in seconds[j])
-        print(f"{j:3d} {each:>30s} {rate[j]:10.1f} {rate[j] / rate[jobs[0]]:7.2f}x "
-              f"{statistics.median(per_case[j]):11.3f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"cases": len(grid.cases), "prompt_len": args.prompt_len,
-                       "steps": args.steps, "threads_per_worker": args.threads,
-                       "cpus": cpus(), "cpu": _cpu_name(), "torch": torch.__version__,
-                       "flush_denormal": True, "repeats": args.repeats,
-                       "seconds": {str(j): s for j, s in seconds.items()},
-                       "median_case_seconds": {str(j): statistics.median(per_case[j])
-                                               for j in jobs},
-                       "cases_per_min": {str(j): rate[j] for j in jobs},
-                       "ratio": {str(j): rate[j] / rate[jobs[0]] for j in jobs}}, f, indent=1)
-    import shutil
-    shutil.rmtree(tmp, ignore_errors=True)
+    try:                    # every measurement's directory: archives of every case, MBs
+        grid_path = os.path.join(tmp, "bench.toml")
+        with open(grid_path, "w") as f:
+            f.write(f"[sweep]\nname = \"bench\"\n[grid]\nseed = {list(range(args.cases))}\n"
+                    f"[fixed]\npreset = \"tiny\"\nprompt_len = {args.prompt_len}\n"
+                    f"steps = {args.steps}\nweights = \"dense\"\nno_check_plain = true\n")
+        grid = load_grid(grid_path)
+        validate_cases(grid)
+        say(f"{len(grid.cases)} cases (tiny, prompt {args.prompt_len} + {args.steps} steps), "
+            f"-j {args.jobs} x {args.threads} thread(s), {args.repeats} repeats, in {tmp}")
+        run_cases(jobs_for(grid.cases[:1], os.path.join(tmp, "warm"), grid.base), 1,
+                  args.threads, False, lambda row: None, flush_denormal=True)
+        seconds, per_case = {j: [] for j in jobs}, {j: [] for j in jobs}
+        for r in range(args.repeats):
+            for j in (jobs if r % 2 == 0 else jobs[::-1]):
+                out = os.path.join(tmp, f"r{r}-j{j}")
+                say(f"repeat {r + 1}/{args.repeats}: -j {j}")
+                t0 = time.perf_counter()
+                run_cases(jobs_for(grid.cases, out, grid.base), j, args.threads, False,
+                          lambda row: per_case[j].append(row["timing"]["seconds"]),
+                          flush_denormal=True)
+                seconds[j].append(time.perf_counter() - t0)
+                say(f"repeat {r + 1}/{args.repeats}: -j {j}: {seconds[j][-1]:.2f} s, "
+                    f"{len(grid.cases) / seconds[j][-1] * 60:.1f} cases/min")
+        rate = {j: len(grid.cases) / statistics.median(s) * 60 for j, s in seconds.items()}
+        print(f"sweep throughput, {len(grid.cases)} tiny cases (prompt {args.prompt_len} + "
+              f"{args.steps} steps, dense, no plain check), {args.threads} thread(s) per worker, "
+              f"{cpus()} CPUs ({_cpu_name()}), torch {torch.__version__}, median of "
+              f"{args.repeats}, alternating:")
+        # s per case: one case's own time inside its worker; if it stays flat as -j grows, the
+        # workers do not slow each other and what -j loses is the pool's start-up
+        print(f"{'-j':>3s} {'s per sweep (each repeat)':>30s} {'cases/min':>10s} "
+              f"{'vs -j ' + str(jobs[0]):>8s} {'s per case':>11s}")
+        for j in jobs:
+            each = ", ".join(f"{s:.2f}" for s in seconds[j])
+            print(f"{j:3d} {each:>30s} {rate[j]:10.1f} {rate[j] / rate[jobs[0]]:7.2f}x "
+                  f"{statistics.median(per_case[j]):11.3f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"cases": len(grid.cases), "prompt_len": args.prompt_len,
+                           "steps": args.steps, "threads_per_worker": args.threads,
+                           "cpus": cpus(), "cpu": _cpu_name(), "torch": torch.__version__,
+                           "flush_denormal": True, "repeats": args.repeats,
+                           "seconds": {str(j): s for j, s in seconds.items()},
+                           "median_case_seconds": {str(j): statistics.median(per_case[j])
+                                                   for j in jobs},
+                           "cases_per_min": {str(j): rate[j] for j in jobs},
+                           "ratio": {str(j): rate[j] / rate[jobs[0]] for j in jobs}}, f, indent=1)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
