@@ -300,10 +300,7 @@ class Verdict:
     def summary(self) -> dict:
         """A JSON-able line of this check (the plugin's session summary reads these)."""
         w, f = self.worst, self.cmp.first
-        own = None
-        if self.location is not None and self.location.verdict:
-            own = "own" if "own error" in self.location.verdict else \
-                "inherited" if self.location.verdict.startswith("inherited") else None
+        own = None if self.location is None else self.location.split
         return {"label": self.label, "yardstick": self.cmp.b_label, "passed": self.passed,
                 "points": len(self.cmp.rows), "failing": len(self.cmp.failures),
                 "worst_fraction": self.worst_fraction if math.isfinite(self.worst_fraction)

@@ -60,6 +60,13 @@ class Location:
     def layer(self):
         return self.first.layer
 
+    @property
+    def split(self):
+        """"own" or "inherited": the injection's verdict on the first divergent point itself,
+        None where nothing re-ran it (a whole-forward point, no injection)."""
+        at = next((r for r in self.injection if r.point == self.first.point), None)
+        return None if at is None else "own" if at.own else "inherited"
+
     def __str__(self):
         f = self.first
         out = [f"first divergence: {f.key}  (position {self.position}"

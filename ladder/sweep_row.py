@@ -75,10 +75,8 @@ def _divergence(loc, cmp) -> dict:
     kind, verdict = "no injection", getattr(loc, "verdict", "")
     if first.layer is None:
         kind = "whole-forward"
-    elif loc is not None:
-        at = next((r for r in loc.injection if r.point == first.point), None)
-        if at is not None:
-            kind = "own" if at.own else "inherited"
+    elif loc is not None and loc.split is not None:
+        kind = loc.split
     pos = first.first_bad_pos if first.first_bad_pos is not None else first.worst_pos
     return {"step": first.step, "point": first.point, "layer": first.layer,
             "position": getattr(loc, "position", pos), "error": frac(first.first_bad_error),
