@@ -236,8 +236,7 @@ def cmd_compare(args, out=print) -> int:
             out("")
             out(str(loc))
         else:
-            out("divergence: add --locate (with the model's --params/--cact/--preset) to split "
-                "the layer's own error from what it inherited")
+            out(_locate_hint(args))
     if args.report:
         from .report import write_report
         paths = write_report(cmp, args.report, loc, {"candidate": labels[0],
@@ -367,6 +366,17 @@ def _same(a, b) -> bool:
         return fa.read() == fb.read()
 
 
+def _locate_hint(args) -> str:
+    """The command that splits a divergence, as the user can type it: `run --port/--dump` has
+    no --locate flag, its sibling command `locate` takes the same options."""
+    via = getattr(args, "via", "compare")
+    if via == "compare":
+        return ("divergence: add --locate (with the model's --params/--cact/--preset) to split "
+                "the layer's own error from what it inherited")
+    return (f"divergence: `python -m ladder locate` with the same options as this `{via}` "
+            f"splits the layer's own error from what it inherited")
+
+
 def run_protocol_port(args, out, cmd: str) -> int:
     """`run|locate|report --port M:F` or `--dump FILE`: that port (or recording) beside the
     reference (or --fixture) through `compare`, locating by re-running the reference's layer
@@ -380,6 +390,7 @@ def run_protocol_port(args, out, cmd: str) -> int:
                        f"apply to {what}")
     args.a, args.b, args.map = args.dump or "port", args.fixture or "reference", None
     args.locate = cmd in ("locate", "report")
+    args.via = cmd
     args.report = args.out if cmd == "report" else None
     if cmd != "report":
         args.stem = "compare"

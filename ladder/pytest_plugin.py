@@ -111,6 +111,32 @@ def pytest_configure(config):
         if plant not in FAULTS:
             raise pytest.UsageError(f"--ladder-plant {plant}: unknown; known: "
                                     f"{', '.join(sorted(FAULTS))}")
+    if _opt(config, "port") and not hasattr(config, "workerinput"):
+        _check_port_spec(config, _opt(config, "port"))
+
+
+def _check_port_spec(config, spec: str) -> None:
+    """A typo in --ladder-port (module or factory) is a usage error before any test runs, not a
+    traceback in every test. The module may sit beside the tests, which pytest puts on sys.path
+    only as it collects them, so it is looked for there as well as on sys.path."""
+    import sys
+    from .ports import PortLoadError, load_factory
+    root = os.path.abspath(str(config.rootpath))
+    extra = [root, os.path.abspath(str(config.invocation_params.dir))]
+    for a in config.args:
+        d = os.path.abspath(a.split("::", 1)[0])
+        d = d if os.path.isdir(d) else os.path.dirname(d)
+        while d.startswith(root) and d not in extra:
+            extra.append(d)
+            d = os.path.dirname(d)
+    saved = list(sys.path)
+    sys.path[:0] = [d for d in extra if d not in sys.path]
+    try:
+        load_factory(spec)
+    except PortLoadError as e:
+        raise pytest.UsageError(str(e).replace("--port", "--ladder-port", 1)) from None
+    finally:
+        sys.path[:] = saved
 
 
 _LOWEST = {"prompt_len": 1, "steps": 0, "window": 0}

@@ -57,3 +57,13 @@ def test_body_counts_on_tiny(tiny_cfg, tiny_params):
     again = cl.count_body(V2Model.new(tiny_cfg, *parts, backend="triton", decode="graph"),
                           token=200)
     assert again == counts["triton"]                 # position- and token-independent
+
+
+def test_without_triton_the_triton_count_is_refused_naming_the_extra(monkeypatch, capsys):
+    # the default install (no 'gpu' extra) has no Triton: exit 2 and one line, no traceback
+    real = cl.importlib.util.find_spec
+    monkeypatch.setattr(cl.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else real(name, *a))
+    assert cl.main(["--preset", "tiny", "--backends", "triton"]) == 2
+    err = capsys.readouterr().err
+    assert "needs Triton" in err and ".[gpu]" in err and "--backends torch" in err

@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import importlib.util
 import json
 import os
 import sys
@@ -247,6 +248,11 @@ def main(argv=None) -> int:
         return 2
     if a.threads < 1:
         print(f"count_launches: --threads {a.threads} must be >= 1", file=sys.stderr)
+        return 2
+    if "triton" in a.backends and importlib.util.find_spec("triton") is None:
+        # the default install has no Triton (it is the 'gpu' extra); say so, not a traceback
+        print("count_launches: --backends triton needs Triton, which is not installed: "
+              "pip install -e '.[gpu]' (or count --backends torch alone)", file=sys.stderr)
         return 2
     # One thread by default: the count is the same, and on a busy machine the cq quantiser's
     # parallel regions spin (shipped cq build, loaded 2-core machine: 115 s on 2 threads, 11 s
