@@ -204,6 +204,52 @@ def parse_manifest(text, where: str) -> dict:
     return m
 
 
+def _listing(names, most: int = 6) -> str:
+    names = list(names)
+    more = f", ... ({len(names)} in all)" if len(names) > most else ""
+    return ", ".join(repr(n) for n in names[:most]) + more
+
+
+def _bad_key(where, key, step, point, by_step, order) -> str:
+    """Which half of a tensor's '{step}/{point}' key is wrong, with the allowed values."""
+    if "/" not in key:
+        return (f"{where}: tensor {key[:80]!r} is not '{{step}}/{{point}}' (no '/'); steps: "
+                f"{_listing(by_step)}")
+    if step not in by_step:
+        return (f"{where}: tensor {key[:80]!r}: step {step[:40]!r} is not one of "
+                f"schedule.steps' names ({_listing(by_step)})")
+    return (f"{where}: tensor {key[:80]!r}: point {point[:60]!r} is not one of field points "
+            f"({_listing(order)})")
+
+
+def _canonical_step_names(steps, infos, m):
+    """Steps are matched by position and tokens, not by spelling: an archive whose schedule
+    is one prefill then one-token decode steps, named otherwise (`decode0` for `decode00`),
+    is read under the names our side uses (trace.schedule), and the renaming is recorded in
+    the manifest (`renamed_steps`, theirs -> ours) for the CLI to print."""
+    from .trace import schedule
+    tokens = [t for s in steps for t in s.tokens]
+    try:
+        ours = schedule(tokens, m["schedule"]["prompt_len"])
+    except Exception:                    # prompt_len outside the tokens: not this layout
+        return steps, infos, {}
+    if [(s.pos, s.tokens) for s in ours] != [(s.pos, s.tokens) for s in steps] or \
+            all(a.name == b.name for a, b in zip(steps, ours)):
+        return steps, infos, {}
+    rename = {a.name: b.name for a, b in zip(steps, ours) if a.name != b.name}
+    new_infos = {}
+    for key, info in infos.items():
+        step, _, point = key.partition("/")
+        new_infos[f"{rename.get(step, step)}/{point}"] = info
+    not_emitted = {}
+    for k, why in m["not_emitted"].items():
+        step, sep, point = k.partition("/")
+        not_emitted[f"{rename.get(step, step)}/{point}" if sep else k] = why
+    m["not_emitted"] = not_emitted
+    m["argmax"] = {rename.get(k, k): v for k, v in m["argmax"].items()}
+    return ours, new_infos, rename
+
+
 class LazyValues(Mapping):
     """An archive's values read from the file on access, one step at a time: the values of
     the step last asked for are kept, the rest stay on disk, so a comparison that walks the
@@ -326,8 +372,8 @@ def load(path, max_memory: int | None = None, lazy: bool = False) -> Ladder:
     for key in infos:
         step, _, point = key.partition("/")
         if step not in by_step or point not in order:
-            raise ArchiveError(f"{where}: tensor {key[:80]!r} is not '{{step}}/{{point}}' with a "
-                               f"step of schedule.steps and a point of field points")
+            raise ArchiveError(_bad_key(where, key, step, point, by_step, order))
+    steps, infos, m["renamed_steps"] = _canonical_step_names(steps, infos, m)
     keys, upcast = [], []
     for st in steps:
         rows = 1 if m["captured"] == "last" else len(st.tokens)

@@ -349,6 +349,19 @@ def as_ruleset(rules) -> RuleSet:
     return rules if isinstance(rules, RuleSet) else RuleSet(rules=dict(rules))
 
 
+def schedule_difference(a: Ladder, b: Ladder) -> str:
+    """The first step at which two ladders' schedules differ, and in what ('' if none)."""
+    for i, (x, y) in enumerate(zip(a.steps, b.steps)):
+        for field_name in ("name", "pos", "tokens"):
+            u, v = getattr(x, field_name), getattr(y, field_name)
+            if tuple(u) != tuple(v) if field_name == "tokens" else u != v:
+                return (f"step {i} has {field_name} {str(u)[:60]} in {a.label!r}, "
+                        f"{str(v)[:60]} in {b.label!r}")
+    if len(a.steps) != len(b.steps):
+        return f"{len(a.steps)} steps in {a.label!r}, {len(b.steps)} in {b.label!r}"
+    return ""
+
+
 def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "port",
                     a_label=None, b_label=None, keep: str = "all") -> Comparison:
     """Every (step, point) of `a` against `b` under rules matched on `{prefix}/{point}`.
@@ -359,10 +372,10 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
     if keep not in ("all", "summary"):
         raise CompareError(f"keep={keep!r}; one of 'all', 'summary'")
     rs = as_ruleset(rules)
-    if [(s.name, s.pos, tuple(s.tokens)) for s in a.steps] != \
-            [(s.name, s.pos, tuple(s.tokens)) for s in b.steps]:
+    why = schedule_difference(a, b)
+    if why:
         raise CompareError(f"ladders {a.label!r} and {b.label!r} come from different token "
-                           f"schedules; compare runs of the same tokens")
+                           f"schedules: {why}; compare runs of the same tokens")
     if a.captured != b.captured:          # one side kept each step's last position only
         a, b = a.last_only(), b.last_only()
     rows, logit_rows, hidden = [], [], []

@@ -213,6 +213,9 @@ def cmd_compare(args, out=print) -> int:
     out(f"schedule: prompt {prompt} + {len(tokens) - prompt} decode steps = {len(tokens)} "
         f"positions, window {window}" + (", last position of each step" if "last" in
                                          (a.captured, b.captured) else ""))
+    for label, lad in zip(labels, (a, b)):
+        for line in side_notes(label, lad):
+            out(line)
     if cfg is not None:
         from .foreign import fill_not_emitted
         for lad in (a, b):
@@ -223,6 +226,7 @@ def cmd_compare(args, out=print) -> int:
     keep = "all" if args.per_step or args.report else "summary"
     cmp = compare_ladders(a, b, rules, prefix="port", a_label=labels[0], b_label=labels[1],
                           keep=keep)
+    check_recorded_argmax(cmp, a, b, labels)
     cli._print_table(cmp, args, out)
     out("")
     out(str(cmp))
@@ -245,6 +249,47 @@ def cmd_compare(args, out=print) -> int:
         for ext, p in paths.items():
             out(f"wrote {p} ({os.path.getsize(p)} bytes)")
     return 0 if cmp.passed else 1
+
+
+def side_notes(label: str, lad) -> list:
+    """What a recorded side's manifest says that changes how to read its verdict: the dtype
+    it was recorded in (the rules are float32 rules) and steps read under other names."""
+    meta = getattr(lad, "meta", None) or {}
+    notes = []
+    upcast = meta.get("upcast") or []
+    dtype = (meta.get("producer") or {}).get("dtype")
+    if upcast or (isinstance(dtype, str) and dtype not in ("float32", "float64")):
+        what = dtype if isinstance(dtype, str) and dtype else "a half-precision dtype"
+        notes.append(f"warning: {label} was recorded in {what} ({len(upcast)} tensors widened "
+                     f"to float32 on reading); the rules are float32 rules, so failures may be "
+                     f"the recording's rounding, not the port's")
+    renamed = meta.get("renamed_steps") or {}
+    if renamed:
+        pairs = ", ".join(f"{k} -> {v}" for k, v in list(renamed.items())[:4])
+        more = f", ... ({len(renamed)} in all)" if len(renamed) > 4 else ""
+        notes.append(f"{label}: steps matched by position and tokens, read as ours: "
+                     f"{pairs}{more}")
+    return notes
+
+
+def check_recorded_argmax(cmp, a, b, labels) -> None:
+    """A manifest's `argmax` ({step: argmax of its last position's logits}) is held to the
+    recorded logits: a producer whose stored argmax disagrees with its own values wrote an
+    inconsistent archive (exit 2 naming the step), whatever the comparison says."""
+    last = {}
+    for r in cmp.logits:
+        if r.step not in last or r.pos > last[r.step].pos:
+            last[r.step] = r
+    for label, lad, attr in ((labels[0], a, "argmax_a"), (labels[1], b, "argmax_b")):
+        stored = (getattr(lad, "meta", None) or {}).get("argmax") or {}
+        for step, want in stored.items():
+            r = last.get(step)
+            if want is None or r is None:
+                continue
+            if not isinstance(want, int) or isinstance(want, bool) or want != getattr(r, attr):
+                raise _err(f"compare: {label}: manifest field argmax[{step!r}] is "
+                           f"{str(want)[:20]}, but its logits at position {r.pos} have argmax "
+                           f"{getattr(r, attr)}: the archive contradicts itself")
 
 
 def check_registry(sides, cfg) -> None:

@@ -113,7 +113,9 @@ def _archive_bytes(tmp_path, mutate):
     (lambda m, t: m["schedule"]["steps"][1].update(pos=-1), "field pos=-1 outside"),
     (lambda m, t: m["schedule"]["steps"][0].update(len=10 ** 9), "field len="),
     (lambda m, t: m["schedule"].update(tokens=[-1]), "schedule.tokens"),
-    (lambda m, t: m.update(points=m["points"][1:]), "is not '{step}/{point}'"),
+    (lambda m, t: m.update(points=m["points"][1:]), "is not one of field points ('"),
+    (lambda m, t: m["schedule"]["steps"][1].update(name="other"),
+     "is not one of schedule.steps' names ('prefill', 'other'"),
     (lambda m, t: t.update({"prefill/embed": t["prefill/embed"][:1]}), "leading axis"),
     (lambda m, t: m.pop("geometry"), "lacks field 'geometry'"),
 ])
@@ -122,6 +124,62 @@ def test_hostile_archive_is_refused_naming_the_field(tmp_path, mutate, needle, l
     with pytest.raises(ArchiveError, match=None) as e:
         Ladder.load(_archive_bytes(tmp_path, mutate), lazy=lazy)
     assert needle in str(e.value)
+
+
+def _renamed_steps(m, t):
+    # what a writer in another language may well do: decode0, decode1, ... (no padding)
+    names = {st["name"]: st["name"] if st["name"] == "prefill" else f"decode{int(st['name'][6:])}"
+             for st in m["schedule"]["steps"]}
+    for st in m["schedule"]["steps"]:
+        st["name"] = names[st["name"]]
+    m["argmax"] = {names[k]: v for k, v in m["argmax"].items()}
+    for key in list(t):
+        step, point = key.split("/", 1)
+        t[f"{names[step]}/{point}"] = t.pop(key)
+
+
+def test_steps_are_matched_by_position_and_tokens_not_by_their_spelling(tmp_path, capsys):
+    bad = _archive_bytes(tmp_path, _renamed_steps)
+    lad = Ladder.load(bad, lazy=True)
+    assert [s.name for s in lad.steps] == [s.name for s in clean_port_ladder().steps]
+    assert lad.meta["renamed_steps"]["decode0"] == "decode00"
+    assert all(torch.equal(lad[k], clean_port_ladder()[k]) for k in clean_port_ladder().keys())
+    assert main(["compare", str(bad), "reference"]) == 0
+    out = capsys.readouterr().out
+    assert "steps matched by position and tokens, read as ours: decode0 -> decode00" in out
+
+
+def test_ladders_of_different_schedules_name_the_first_step_that_differs():
+    from dataclasses import replace
+    from ladder.compare import CompareError
+    a, b = clean_port_ladder(), reference_ladder()
+    steps = list(b.steps)
+    steps[2] = replace(steps[2], tokens=(steps[2].tokens[0] + 1,))
+    other = Ladder(steps, b.values, "other")
+    with pytest.raises(CompareError) as e:
+        compare_ladders(a, other, DEFAULT_RULES)
+    assert f"step 2 has tokens ({a.steps[2].tokens[0]},)" in str(e.value)
+
+
+def test_a_manifest_argmax_that_its_logits_contradict_is_refused(tmp_path, capsys):
+    def lie(m, t):
+        last = m["schedule"]["steps"][-1]["name"]
+        m["argmax"][last] = (m["argmax"][last] + 1) % 64
+    bad = _archive_bytes(tmp_path, lie)
+    assert main(["compare", str(bad), "reference"]) == 2
+    err = capsys.readouterr().err
+    assert "manifest field argmax['decode" in err and "the archive contradicts itself" in err
+
+
+def test_a_half_precision_recording_is_named_beside_float32_rules(tmp_path, capsys):
+    def halve(m, t):
+        m["producer"]["dtype"] = "float16"
+        for k in t:
+            t[k] = t[k].half() if t[k].is_floating_point() else t[k]
+    bad = _archive_bytes(tmp_path, halve)
+    main(["compare", str(bad), "reference"])
+    out = capsys.readouterr().out
+    assert "was recorded in float16" in out and "the rules are float32 rules" in out
 
 
 def test_a_lazy_archive_reads_the_same_bits_one_step_at_a_time(tmp_path):
@@ -340,6 +398,10 @@ def test_an_independent_port_passes_and_its_planted_bug_is_located(capsys):
     assert main(["run", "--port", f"{TOY}:build"]) == 0
     assert "0 failing (PASS)" in capsys.readouterr().out
     assert main(["run", "--port", f"{TOY}:build_buggy"]) == 1
+    out = capsys.readouterr().out
+    # run has no --locate flag: the hint names the command that exists
+    assert "add --locate" not in out
+    assert "`python -m ladder locate` with the same options as this `run`" in out
     assert main(["run", "--port", "no_such_module:x"]) == 2
     assert "cannot import" in capsys.readouterr().err
 
