@@ -256,6 +256,10 @@ def check(args) -> None:
     if args.cmd == "rules":
         return
     _model_files(args)
+    if args.cmd == "points":
+        if args.params and args.cact:
+            _fail("give one of --params and --cact, not both")
+        return
     _schedule_flags(args)
     if args.cmd == "regen":
         _regen_flags(args)

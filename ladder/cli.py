@@ -9,6 +9,7 @@ locate  the same, then the first divergence bisected inside its layer, with loca
 report  the same, written as markdown, CSV and a self-contained HTML page.
 regen   (re)write the forward-parity fixture (tools/gen_v2_forward_parity.py calls this).
 rules   print the default tolerance rules as TOML/JSON, a starting point for --rules.
+points  print the registry: every point's name, shape and scope in forward order.
 compare A [B]  any two ladders: trace archives, needle-rs fixtures, our fixtures, the live
         reference, our backends, an in-process --port (ladder/compare_cli.py).
 dump    one side's ladder written as a trace archive (ladder/archive.py).
@@ -475,6 +476,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="toml", choices=["toml", "json"])
     p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
                    help="whose default rules to print (attn_v41: V41_RULES)")
+    from .points_cli import add_parser as add_points_parser
+    add_points_parser(sub)
     from .sweep import add_parser as add_sweep_parser
     add_sweep_parser(sub)
     return ap
@@ -516,6 +519,11 @@ def _cmd_sweep(args, out=print) -> int:
     return cmd_sweep(args, out)
 
 
+def _cmd_points(args, out=print) -> int:
+    from .points_cli import cmd_points
+    return cmd_points(args, out)
+
+
 def main(argv=None, out=print) -> int:
     from .safe_print import safe_print
     out = safe_print if out is print else out       # file text: escaped, never a crash
@@ -523,7 +531,7 @@ def main(argv=None, out=print) -> int:
     from . import compare_cli
     cmd = {"run": cmd_run, "locate": cmd_locate, "report": cmd_report, "regen": cmd_regen,
            "rules": cmd_rules, "compare": compare_cli.cmd_compare,
-           "dump": compare_cli.cmd_dump, "sweep": _cmd_sweep}[args.cmd]
+           "dump": compare_cli.cmd_dump, "sweep": _cmd_sweep, "points": _cmd_points}[args.cmd]
     if args.cmd in ("compare", "dump") and args.model == "attn_v41":
         from . import v41_archive
         cmd = {"compare": v41_archive.cmd_compare, "dump": v41_archive.cmd_dump}[args.cmd]

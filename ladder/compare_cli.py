@@ -81,12 +81,44 @@ def _schedule_of(lad: Ladder) -> tuple:
     return lad.tokens, prompt
 
 
-def check_agree(sides: list, cfg, src) -> None:
+def weights_identity(name: str, w: dict, src) -> str:
+    """Check a recorded side's `weights` block against the model (src) and say, in one line,
+    which identity fields were checked and which were absent. Errors: `params_sha256` that is
+    not the digest of the weights the reference runs on; `sha256` that is not the hash of the
+    weights file the model was loaded from. `file` is a name, never an identity: it is shown."""
+    checked, unchecked = [], []
+    for key, mine_key, what in (("params_sha256", "sha256", "the weights the reference runs on"),
+                                ("sha256", "file_sha256", "the model's weights file")):
+        theirs = w.get(key)
+        mine = src.get(mine_key) if src is not None else None
+        if theirs is None:
+            unchecked.append(f"{key} absent")
+        elif not isinstance(theirs, str):
+            raise _err(f"compare: {name}: weights field {key} is {type(theirs).__name__}, not "
+                       f"a hex string")
+        elif mine is None:
+            unchecked.append(f"{key} not checked (" + (
+                "no model loaded" if src is None else "the model was not loaded from a file")
+                + ")")
+        elif theirs.lower() != mine:
+            raise _err(f"compare: {name}: weights field {key} is {theirs}, but {what} hash to "
+                       f"{mine} ({_model_name(src)})")
+        else:
+            checked.append(key)
+    if w.get("file") is not None:
+        unchecked.append(f"file {str(w['file'])[:80]!r} (a name, not checked)")
+    return (f"weights identity of {name}: checked " + (", ".join(checked) or "nothing")
+            + ("; " + "; ".join(unchecked) if unchecked else ""))
+
+
+def check_agree(sides: list, cfg, src) -> list:
     """Geometry, weights and schedule of every file side against the model and each other;
-    exit 2 naming the field and both values."""
+    exit 2 naming the field and both values. Returns a line per file side saying which weight
+    identity fields were checked and which were absent."""
     from .geometry import geometry_mismatch
     files = [(name, lad) for name, lad in sides if lad is not None]
     model_geo = _geometry(cfg) if cfg is not None else None
+    notes = []
     for name, lad in files:
         geo = lad.meta.get("geometry")
         if model_geo is not None and geo:
@@ -94,14 +126,13 @@ def check_agree(sides: list, cfg, src) -> None:
             if bad:
                 raise _err(f"compare: geometry field {bad[0]} is {bad[1]!r} in {name}, "
                            f"{bad[2]!r} in the model ({_model_name(src)})")
-        w = lad.meta.get("weights") or {}
-        if src is not None:
-            for key in ("sha256", "params_sha256"):
-                mine = src.get("file_sha256" if key == "sha256" else "sha256")
-                if w.get(key) and mine and w[key] != mine:
-                    raise _err(f"compare: weights field {key} is {w[key][:16]}... in {name}, "
-                               f"{mine[:16]}... for the model ({_model_name(src)})")
+        notes.append(weights_identity(name, lad.meta.get("weights") or {}, src))
     for (na, a), (nb, b) in zip(files, files[1:]):
+        pa = (a.meta.get("weights") or {}).get("params_sha256")
+        pb = (b.meta.get("weights") or {}).get("params_sha256")
+        if isinstance(pa, str) and isinstance(pb, str) and pa.lower() != pb.lower():
+            raise _err(f"compare: weights field params_sha256 is {pa} in {na}, {pb} in {nb}: "
+                       f"recorded on different weights")
         ga, gb = a.meta.get("geometry") or {}, b.meta.get("geometry") or {}
         bad = geometry_mismatch(ga, gb)
         if bad:
@@ -122,6 +153,7 @@ def check_agree(sides: list, cfg, src) -> None:
         wb = b.meta.get("kv_window")
         if wa is not None and wb is not None and wa != wb:
             raise _err(f"compare: field kv_window is {wa} in {na}, {wb} in {nb}")
+    return notes
 
 
 def _model_name(src) -> str:
@@ -182,7 +214,7 @@ def cmd_compare(args, out=print) -> int:
         for flag in ("cact", "params"):
             if getattr(args, flag):
                 src["file_sha256"] = file_sha256(getattr(args, flag))
-    check_agree(list(zip(specs, files)), cfg, src)
+    identity = check_agree(list(zip(specs, files)), cfg, src)
     base = next((f for f in files if f is not None), None)
     if base is not None:
         tokens, prompt = _schedule_of(base)
@@ -213,6 +245,8 @@ def cmd_compare(args, out=print) -> int:
     out(f"schedule: prompt {prompt} + {len(tokens) - prompt} decode steps = {len(tokens)} "
         f"positions, window {window}" + (", last position of each step" if "last" in
                                          (a.captured, b.captured) else ""))
+    for line in identity:
+        out(line)
     for label, lad in zip(labels, (a, b)):
         for line in side_notes(label, lad):
             out(line)

@@ -65,8 +65,8 @@ def disagreement(stored, cap, model) -> str:
     if sha is not None and not isinstance(sha, str):
         return f"cannot be read (weights.params_sha256 is {type(sha).__name__}, not a string)"
     if sha and sha != model.ref_sha256:
-        return (f"was recorded on parameters {sha[:16]}..., this model's are "
-                f"{model.ref_sha256[:16]}... ({model.describe()})")
+        return (f"was recorded on parameters {sha}, this model's are "
+                f"{model.ref_sha256} ({model.describe()})")
     if stored.tokens != cap.tokens:
         i = next((i for i, (a, b) in enumerate(zip(stored.tokens, cap.tokens)) if a != b),
                  min(len(stored.tokens), len(cap.tokens)))
