@@ -180,6 +180,11 @@ def compare_run(args, out=print):
         out(f"reference: not run; fixture {fx.path} stands in ({fx.manifest['values']}, "
             f"written by {fx.manifest['generator']}, torch {fx.manifest['torch_version']})")
     check = not args.no_check_plain
+    if args.fixture:
+        # on a failure the fixture itself is held to the reference (ladder/stand_in.py)
+        args.recompute_reference = lambda: capture_reference(
+            params, cfg, tokens, prompt, window=window, label="reference (recomputed)")
+        args.compare_rules = rules
     with bar((1 if args.fixture else 2) * n, "capturing") as pb:
         ta = time.perf_counter()
         ref = fx.ladder if args.fixture else capture_reference(
@@ -249,7 +254,7 @@ def cmd_run(args, out=print) -> int:
     if _other_model(args):
         from .v41_cli import cmd_run as v41_run
         return v41_run(args, out)
-    cmp, extra, *_, info = compare_run(args, out)
+    cmp, extra, port, ref, *_, info = compare_run(args, out)
     _print_table(cmp, args, out)
     out("")
     out(str(cmp))
@@ -257,10 +262,29 @@ def cmd_run(args, out=print) -> int:
         out(str(c))
     out(f"{info['timing']}; torch {info['torch']}, {info['port']}")
     ok = cmp.passed and all(c.passed for c in extra)
+    if not cmp.passed and _stale_fixture(args, port, ref, out):
+        return 1
     if not ok:
         out("divergence: `python -m ladder locate` (same options) bisects it and splits "
             "local from propagated error")
     return 0 if ok else 1
+
+
+def _stale_fixture(args, port, stored, out) -> bool:
+    """With --fixture standing in for the reference and a point failing: if the fixture
+    disagrees with the reference recomputed now, say so (the file, not the port, is wrong)
+    and return True; the port's own verdict against the fixture would mislead."""
+    if not args.fixture or not hasattr(args, "recompute_reference"):
+        return False
+    from .stand_in import check_stand_in
+    si = check_stand_in(stored, port, args.recompute_reference(),
+                        args.compare_rules, f"fixture {args.fixture}",
+                        f"python -m ladder regen --out {args.fixture}")
+    if not si.stale:
+        return False
+    out("")
+    out(si.message())
+    return True
 
 
 def cmd_locate(args, out=print) -> int:
@@ -274,6 +298,8 @@ def cmd_locate(args, out=print) -> int:
     cmp, extra, port, ref, model, window, info = compare_run(args, out)
     out("")
     out(str(cmp))
+    if not cmp.passed and _stale_fixture(args, port, ref, out):
+        return 1
     loc = locate(cmp, port=port, ref=ref, model=model, window=window)
     out("")
     out(str(loc) if loc is not None else "no divergence: every point passes its rule")

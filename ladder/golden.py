@@ -31,9 +31,16 @@ class GoldenOutcome:
     action: str                 # "compared", "created", "rewritten"
     why: str = ""               # what made a rewrite or a failure necessary
     verdict: object = None      # the comparison against the stored ladder, when one ran
+    stand_in: object = None     # StandInCheck: the stored file against the reference
 
     def message(self) -> str:
         name = os.path.basename(self.path)
+        if self.stand_in is not None and self.stand_in.stale:
+            # the layer split against a wrong file would blame the port: not shown
+            head = (f"ladder_fixture {name}: regenerated {self.path}; the test fails so the "
+                    f"change is seen" if self.action == "rewritten" else
+                    f"ladder_fixture {name}: --ladder-regen rewrites {self.path}")
+            return head + "\n" + self.stand_in.message()
         if self.action == "created":
             return (f"ladder_fixture {name}: no stored fixture; wrote {self.path} from this "
                     f"run (check it in; the next run compares against it)")
@@ -102,15 +109,27 @@ def check_golden(port, model, path: str, regen: str | None, schedule: dict) -> G
         why = disagreement(stored, cap, model)
     except (ArchiveError, OSError) as e:
         stored, why = None, f"cannot be read ({e})"
-    verdict = None
+    verdict = stand_in = None
     if not why:
         verdict = verdict_of(cap, model, rules, locate, yardstick=stored,
                              yardstick_label=f"fixture {os.path.basename(path)}")
         if verdict.passed and regen != "all":
             return GoldenOutcome(path, False, "compared", "", verdict)
+        if not verdict.passed:
+            stand_in = _against_reference(stored, cap, model, rules, path)
     if regen is None:
-        return GoldenOutcome(path, True, "compared", why, verdict)
+        return GoldenOutcome(path, True, "compared", why, verdict, stand_in)
     save_trace(cap, model, path)
     reason = why or ("requested (--ladder-regen-all)" if verdict.passed else
                      f"{len(verdict.cmp.failures)} points failed")
-    return GoldenOutcome(path, regen == "failing", "rewritten", reason, verdict)
+    return GoldenOutcome(path, regen == "failing", "rewritten", reason, verdict, stand_in)
+
+
+def _against_reference(stored, cap, model, rules, path):
+    """The stored ladder held to the reference recomputed on its schedule (ladder/stand_in.py):
+    a failure may be the file's, not the port's."""
+    from .judge import _rules
+    from .stand_in import check_stand_in
+    ref = model.reference(cap.tokens, cap.prompt_len, cap.window)
+    return check_stand_in(stored, cap.obtained, ref, _rules(rules),
+                          f"golden file {os.path.basename(path)}", "--ladder-regen")

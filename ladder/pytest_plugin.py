@@ -300,6 +300,12 @@ def _record_golden(request, outcome, name: str) -> None:
                 "first_divergence": None, "verdict": None}
     line.update(kind="fixture", name=name, test=request.node.nodeid, why=outcome.why,
                 regenerated=outcome.action == "rewritten")
+    si = outcome.stand_in
+    if si is not None and si.stale:
+        # the file disagrees with the reference: no own/inherited verdict on the port
+        line.update(verdict=None, first_divergence=None,
+                    why=f"the stored golden file disagrees with the reference at "
+                        f"{si.stored.first.key}: regenerate it (--ladder-regen)")
     request.node.user_properties.append((SUMMARY_KEY, line))
 
 

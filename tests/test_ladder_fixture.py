@@ -146,3 +146,37 @@ def test_regen_writes_nothing_when_tracing_changes_a_bit(tmp_path, monkeypatch, 
     rc = main(["regen", "--out", str(out / "fx"), "--steps", "2"], out=lambda *_: None)
     assert rc == 1 and "traced run differs from the plain run" in capsys.readouterr().err
     assert os.listdir(out) == []
+
+
+def test_a_stale_fixture_is_blamed_not_the_port(tmp_path, monkeypatch, capsys):
+    """A fixture written while the reference had a bug (here: L01.attn_out recorded 1 % high)
+    fails the fixed port; the run holds the fixture to the reference recomputed now and says
+    the file is what is wrong, instead of splitting the port's "error" (issue 34)."""
+    import reference.decode as decode
+    emit = decode._emit
+
+    def skewed(trace, name, layer, value):
+        emit(trace, name, layer, value * 1.01 if (name, layer) == ("attn_out", 1) else value)
+    monkeypatch.setattr(decode, "_emit", skewed)
+    stem = str(tmp_path / "fx")
+    assert main(["regen", "--out", stem, "--steps", "2", "--prompt-len", "3"],
+                out=lambda *_: None) == 0
+    monkeypatch.setattr(decode, "_emit", emit)
+    capsys.readouterr()
+    assert main(["run", "--fixture", stem]) == 1
+    text = capsys.readouterr().out
+    assert f"the stored fixture {stem} disagrees with the reference at prefill/L01.attn_out" \
+        in text and f"regenerate it (python -m ladder regen --out {stem})" in text
+    assert "the port matches the recomputed reference at every point" in text
+    assert "ladder locate" not in text                     # not sent to split the port's error
+    assert main(["locate", "--fixture", stem]) == 1
+    text = capsys.readouterr().out
+    assert "disagrees with the reference at prefill/L01.attn_out" in text
+    assert "inherited" not in text and "own error" not in text
+    # a fixture that agrees with the reference: the port is blamed as before
+    good = str(tmp_path / "good")
+    assert main(["regen", "--out", good, "--steps", "2", "--prompt-len", "3"],
+                out=lambda *_: None) == 0
+    assert main(["run", "--fixture", good, "--plant", "hpost_one"]) == 1
+    text = capsys.readouterr().out
+    assert "disagrees with the reference" not in text and "first divergence" in text
