@@ -4,7 +4,7 @@
     trace.py     the capture protocol: Ladder, recorders, the step schedule
     capture.py   run the reference / the port over a schedule and record their ladders
     compare.py   per-point metrics and verdicts, logits checks (Comparison, PointResult)
-    locate.py    first divergence, bisection inside the layer, injection (local vs propagated)
+    locate.py    first divergence, a linear scan inside the layer, injection (local vs propagated)
     table.py     pandas tolerance tables; text / markdown / CSV
     plot.py      the error-growth figure (matplotlib PNG, or SVG written here)
     report.py    markdown, CSV and self-contained HTML reports

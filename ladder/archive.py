@@ -110,9 +110,10 @@ def save(ladder: Ladder, path, **manifest) -> str:
     # open() would give.
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
         os.close(fd)
         save_file(tensors, tmp, metadata={META_KEY: json.dumps(m, sort_keys=True)})
+        # after writing: safetensors' writer leaves the file 0600 whatever it was before
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -383,9 +384,19 @@ def load(path, max_memory: int | None = None, lazy: bool = False) -> Ladder:
                 continue
             dtype, shape = infos[key][:2]
             free = m["leading_axis"] == "free"
-            if dtype not in _DTYPES or len(shape) < 1 or (shape[0] != rows and not free):
-                raise ArchiveError(f"{where}: tensor {key!r} is {dtype} {shape}; needs a float "
-                                   f"(or int64) dtype and a leading axis of {rows} position(s)")
+            if dtype not in _DTYPES:
+                raise ArchiveError(f"{where}: tensor {key!r} is {dtype}; needs float32, "
+                                   f"float64, float16, bfloat16 or int64")
+            if len(shape) < 1 or (shape[0] != rows and not free):
+                # say which: a step's positions, or "last" that a writer forgot to state
+                held = "no axis" if not shape else f"a leading axis of {shape[0]}"
+                raise ArchiveError(
+                    f"{where}: tensor {key!r} has shape {shape} ({held}); field captured="
+                    f"{m['captured']!r} needs a leading axis of {rows} position(s) for step "
+                    f"{st.name!r}" + (" (its last position only: captured=\"last\")"
+                                      if m["captured"] == "last" else
+                                      "; a last-position-only dump says captured=\"last\""
+                                      if shape and shape[0] == 1 else ""))
             if dtype in (torch.float16, torch.bfloat16):
                 upcast.append(key)
             keys.append(key)

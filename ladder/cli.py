@@ -4,8 +4,8 @@ run     both sides over a seeded prompt and decode steps past the window; prints
         tolerance table (per point, its worst step) and the first divergence.
         `--model attn_v41`: DeepSeek-V4.1 attention instead (ladder/v41_cli.py; run, locate
         and report alike).
-locate  the same, then the first divergence bisected inside its layer, with local
-        (injected) vs propagated error.
+locate  the same, then the first divergence scanned inside its layer (a linear scan in
+        forward order), with local (injected) vs propagated error.
 report  the same, written as markdown, CSV and a self-contained HTML page.
 regen   (re)write the forward-parity fixture (tools/gen_v2_forward_parity.py calls this).
 rules   print the default tolerance rules as TOML/JSON, a starting point for --rules.
@@ -265,8 +265,8 @@ def cmd_run(args, out=print) -> int:
     if not cmp.passed and _stale_fixture(args, port, ref, out):
         return 1
     if not ok:
-        out("divergence: `python -m ladder locate` (same options) bisects it and splits "
-            "local from propagated error")
+        out("divergence: `python -m ladder locate` (same options) scans its layer and "
+            "splits local from propagated error")
     return 0 if ok else 1
 
 
@@ -430,7 +430,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m ladder", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name, helptext in (("run", "port beside reference: tolerance table, first divergence"),
-                           ("locate", "bisect the first divergence; local vs propagated error"),
+                           ("locate", "scan the first divergence's layer (linear, forward order); local vs "
+                            "propagated error"),
                            ("report", "write markdown, CSV and HTML reports")):
         p = sub.add_parser(name, help=helptext)
         _model_args(p)

@@ -117,7 +117,7 @@ def cmd_run(args, out=print) -> int:
     out(f"{info['timing']}; torch {info['torch']}, {info['threads']} threads")
     ok = cmp.passed and official.passed and not bad
     if not ok:
-        out("divergence: `python -m ladder locate --model attn_v41` (same options) bisects "
+        out("divergence: `python -m ladder locate --model attn_v41` (same options) scans "
             "it and splits local from propagated error")
     return 0 if ok else 1
 

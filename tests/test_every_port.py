@@ -116,7 +116,11 @@ def _archive_bytes(tmp_path, mutate):
     (lambda m, t: m.update(points=m["points"][1:]), "is not one of field points ('"),
     (lambda m, t: m["schedule"]["steps"][1].update(name="other"),
      "is not one of schedule.steps' names ('prefill', 'other'"),
-    (lambda m, t: t.update({"prefill/embed": t["prefill/embed"][:1]}), "leading axis"),
+    (lambda m, t: t.update({"prefill/embed": t["prefill/embed"][:1]}),
+     "field captured='all' needs a leading axis of 6 position(s) for step 'prefill'; a "
+     "last-position-only dump says captured=\"last\""),
+    (lambda m, t: t.update({"prefill/embed": t["prefill/embed"].to(torch.int32)}),
+     "is torch.int32; needs float32, float64, float16, bfloat16 or int64"),
     (lambda m, t: m.pop("geometry"), "lacks field 'geometry'"),
 ])
 @pytest.mark.parametrize("lazy", [False, True])
@@ -180,6 +184,15 @@ def test_a_half_precision_recording_is_named_beside_float32_rules(tmp_path, caps
     main(["compare", str(bad), "reference"])
     out = capsys.readouterr().out
     assert "was recorded in float16" in out and "the rules are float32 rules" in out
+
+
+def test_archives_are_written_with_the_umask_like_any_file(tmp_path):
+    old = os.umask(0o022)
+    try:
+        p = _save(clean_port_ladder(), tmp_path / "u.safetensors", setup()[0])
+    finally:
+        os.umask(old)
+    assert os.stat(p).st_mode & 0o777 == 0o644           # not safetensors' 0600
 
 
 def test_a_lazy_archive_reads_the_same_bits_one_step_at_a_time(tmp_path):

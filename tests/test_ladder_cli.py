@@ -251,3 +251,14 @@ def test_run_from_a_cact_file_computes_from_the_codes(tmp_path):
                    "--no-check-plain")
     assert rc == 0, text
     assert "port (torch, eager, cq, cpu, " in text and "0 failing (PASS)" in text
+
+
+def test_the_help_calls_locates_scan_what_it_is(capsys):
+    # docs/design.md: inside a layer the graph branches, so locate scans in forward order;
+    # the help once said "bisect"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "bisect" not in text.lower() and "linear, forward" in text
+    assert "bisect" not in open(os.path.join(os.path.dirname(__file__), "..", "ladder",
+                                             "cli.py"), encoding="utf-8").read()
