@@ -85,6 +85,14 @@ def read(stem, max_memory: int | None = None, name_map=None) -> Ladder:
                    NeedleRsError)
     if not isinstance(m, dict):
         raise NeedleRsError(f"{js}: manifest must be a JSON object")
+    if "blob_index" not in m:
+        # a .json + .f32 pair of some other layout: say what this reader is and the ways in
+        raise NeedleRsError(
+            f"{js}: no field blob_index, so {stem}.json + .f32 is not needle-rs's fixture "
+            f"layout (ladder/needle_rs.py). A port's values come in three ways: a trace "
+            f"archive (one .safetensors with a needle_parity_trace manifest), needle-rs's "
+            f"fixture (STEM.json with blob_index + STEM.f32), or your own safetensors names "
+            f"with --map FILE.toml (docs/porting.md)")
     for key, kind in (("blob_index", dict), ("steps", list), ("geometry", dict),
                       ("kv_window", int), ("prompt_ids", list)):
         if not isinstance(m.get(key), kind) or isinstance(m.get(key), bool):
