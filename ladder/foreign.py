@@ -69,11 +69,17 @@ def read_mapped(path, nm, max_memory=None) -> Ladder:
 
 
 def fill_not_emitted(lad: Ladder, cfg) -> None:
-    """Registry points a mapped file lacks that its map declares not emitted: "not compared",
-    with the map's reason (the others stay missing, and fail as such)."""
+    """Once the model's geometry is known: a mapped file's values reshaped to the registry's
+    shapes (the map's `reshape = "registry"`: flat <-> shaped), and the registry points it
+    lacks that its map declares not emitted made "not compared", with the map's reason (the
+    others stay missing, and fail as such)."""
     nm = lad.meta.pop("not_emitted_map", None)
     if nm is None:
         return
+    from .namemap import shape_value
+    for key in list(lad.values):
+        point = key.split("/", 1)[1]
+        lad.values[key] = shape_value(lad.values[key], point, cfg, nm, lad.label)
     from .points import expected
     for st in lad.steps:
         for point, _ in expected(cfg):

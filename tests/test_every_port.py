@@ -18,6 +18,7 @@ from ladder.dump_locate import locate_dump
 from ladder.geometry import geometry_of
 from ladder.namemap import NameMapError, from_dict, load_map
 from ladder.rules import DEFAULT_RULES, NEEDLE_RS_RULES, rule_for
+from ladder.names import layer_of
 from ladder.trace import Ladder
 from ladder_common import clean_port_ladder, reference_ladder, setup
 
@@ -342,6 +343,46 @@ def test_upstream_capture_compares_through_its_map(capsys):
     text = capsys.readouterr().out
     assert "0 failing (PASS)" in text
     assert "the last layer has none" in text          # L05.x: not compared, with its reason
+
+
+def test_a_maps_reshape_registry_is_applied_to_foreign_safetensors(tmp_path, capsys):
+    # a foreign file that stores every value flat per position ([S, H*hd] for q), read with a
+    # documented map saying reshape = "registry": it must compare, not diverge (issue 34)
+    from safetensors.torch import save_file
+    from ladder.points import LAYER, POINTS
+    ref = reference_ladder()
+    tensors = {f"mine/{k}": v.reshape(v.shape[0], -1).contiguous() for k, v in
+               ref.values.items()}
+    tensors["mine/tokens"] = torch.tensor(ref.tokens)
+    assert tensors["mine/prefill/L00.q"].dim() == 2          # flat, unlike the registry's
+    path = tmp_path / "flat.safetensors"
+    save_file(tensors, str(path))
+    whole = sorted({k.split("/", 1)[1] for k in ref.values if layer_of(k.split("/")[1]) is None})
+    per_layer = [p.name for p in POINTS if p.scope == LAYER]
+    toml = tmp_path / "flat.toml"
+    toml.write_text(f'''[map]
+name = "flat"
+prefix = "mine/"
+tokens = "mine/tokens"
+reshape = "registry"
+
+[steps]
+prefill = "prefill"
+decode = "decode{{i:02d}}"
+
+[[points]]
+theirs = "{{name}}"
+ours = "{{name}}"
+names = {json.dumps(whole)}
+
+[[points]]
+theirs = "L{{layer}}.{{name}}"
+ours = "L{{layer}}.{{name}}"
+names = {json.dumps(per_layer)}
+''')
+    assert main(["compare", str(path), "reference", "--map", str(toml)]) == 0, \
+        capsys.readouterr()
+    assert "0 failing (PASS)" in capsys.readouterr().out
 
 
 def test_a_name_the_map_does_not_cover_is_an_error():
