@@ -20,6 +20,7 @@ import torch
 from .compare import Comparison, as_ruleset
 from .locate import Injected, Location, _whole_forward_verdict, layer_scan
 from .names import point_name
+from .points import LAYER, POINTS
 
 
 def _pick(dump, ref, point, pos, used: list, lacking: list):
@@ -80,6 +81,30 @@ def _summarise(names: list) -> str:
                      else f"{p} at position {v[0]}" for p, v in by_point.items())
 
 
+_ORDER = [p.name for p in POINTS if p.scope == LAYER]
+
+
+def relevant_stand_ins(point: str, lacking: list) -> list:
+    """The stood-in inputs (`name@pos`) that can reach `point` inside its layer: the lanes
+    reach every point; the Engram rows only from `alpha` on (the gate reads them after `u`);
+    the keys and values of earlier positions only from `attn` on. A stand-in that cannot reach
+    the point cannot explain its error."""
+    base = point.split(".", 1)[1] if "." in point else point
+    at = _ORDER.index(base) if base in _ORDER else len(_ORDER)
+    out = []
+    for n in lacking:
+        name = n.split("@")[0]
+        if name.startswith("engram_"):
+            reach = _ORDER.index("alpha")
+        elif name.endswith((".k", ".v")):
+            reach = _ORDER.index("attn")
+        else:
+            reach = 0
+        if at >= reach:
+            out.append(n)
+    return out
+
+
 def locate_dump(cmp: Comparison, dump, ref, params, cfg, window: int) -> Location | None:
     """The first divergence of `cmp` (dump = candidate `a`, ref = yardstick `b`), split into
     the layer's own error and what it inherited, by re-running the reference's layer."""
@@ -104,18 +129,30 @@ def locate_dump(cmp: Comparison, dump, ref, params, cfg, window: int) -> Locatio
         pe = _err(rules, cmp.prefix, point, mine, ref.at(point, pos))
         le = _err(rules, cmp.prefix, point, mine, val)     # port vs reference on port inputs
         loc.injection.append(Injected(point, rules.pattern_for(f"{cmp.prefix}/{point}"), pe, le))
+    stood_in_layers = []
     for i in range(cfg.num_layers):          # every layer's output, split the same way
         x = point_name("x", i)
         if not (dump.has_at(x, pos) and (i == 0 or dump.has_at(point_name("x", i - 1), pos))):
             continue
-        val = got[x] if i == first.layer else \
-            rerun_reference_layer(params, cfg, i, pos, dump, ref, window)[0][x]
+        if i == first.layer:
+            val, lack_i = got[x], lacking
+        else:
+            run_i = rerun_reference_layer(params, cfg, i, pos, dump, ref, window)
+            val, lack_i = run_i[0][x], run_i[2]
         mine = dump.at(x, pos)
         loc.layers.append(Injected(x, rules.pattern_for(f"{cmp.prefix}/{x}"),
                                    _err(rules, cmp.prefix, x, mine, ref.at(x, pos)),
                                    _err(rules, cmp.prefix, x, mine, val)))
+        if lack_i:
+            stood_in_layers.append(f"L{i:02d}")
     loc.layers_title = (f"every layer's output x at position {pos} (local: the reference's "
                         f"layer re-run on the port's inputs)")
+    if stood_in_layers:
+        # a later layer fed the reference's own keys where the port's earlier layers (or an
+        # unrecorded input) differ shows a "local" error that is not the layer's
+        loc.layers_note = (f"the re-runs of {', '.join(stood_in_layers)} took the "
+                           f"reference's values for inputs the dump lacks: their local error "
+                           f"cannot be trusted as the layer's own")
     at = next((r for r in loc.injection if r.point == first.point), None)
     gap = ""
     if lacking:
@@ -128,8 +165,19 @@ def locate_dump(cmp: Comparison, dump, ref, params, cfg, window: int) -> Locatio
                f"(record those points for an exact split; the port's earlier layers at this "
                f"step are within {worst:.3g} of their allowance, so an error of that size "
                f"carried only through them is not seen here)")
+    reach = relevant_stand_ins(first.point, lacking)
+    loc.unsure = frozenset(r.point for r in loc.injection if relevant_stand_ins(r.point, lacking))
     if at is None:
         loc.verdict = f"{first.point} is not recomputed by a layer re-run; no split" + gap
+    elif at.own and reach:
+        # the reference ran on its own values where the port's were not recorded: a port
+        # whose error came in through those inputs looks the same as a wrong layer
+        loc.undecided = _summarise(reach)
+        loc.verdict = (f"own, or inherited from an unrecorded input: fed the port's recorded "
+                       f"inputs, with the reference's own {_summarise(reach)} standing in for "
+                       f"what the dump lacks, the reference's L{first.layer:02d} does not "
+                       f"reproduce the port's {first.point[4:]} (port vs re-run err "
+                       f"{at.local:.3g} of allowance); record those points to decide" + gap)
     elif at.own:
         loc.verdict = (f"the layer's own error: fed the port's own inputs, the reference's "
                        f"L{first.layer:02d} does not reproduce the port's {first.point[4:]} "

@@ -1,4 +1,4 @@
-"""Locate the first divergence, bisect inside its layer, split local from propagated error.
+"""Locate the first divergence, scan inside its layer, split local from propagated error.
 
 1. The coarse ladder (docs/design.md) is scanned in order: its first failing point names the step
    and layer where the error becomes visible at layer granularity.
@@ -47,6 +47,11 @@ class Location:
     # what the injection re-runs the layer on, and what `layers` holds (V4.1 says its own)
     rerun_on: str = "the reference's lanes, Engram and KV history"
     layers_title: str = ""
+    # the stood-in inputs that could explain an "own" error (a dump that lacks them): the
+    # split is then undecided, never "own"
+    undecided: str = ""
+    layers_note: str = ""                # why some of `layers`' local errors are not trusted
+    unsure: frozenset = frozenset()      # injection points a stood-in input could reach
 
     @property
     def step(self) -> str:
@@ -65,6 +70,8 @@ class Location:
         """"own" or "inherited": the injection's verdict on the first divergent point itself,
         None where nothing re-ran it (a whole-forward point, no injection)."""
         at = next((r for r in self.injection if r.point == self.first.point), None)
+        if at is not None and at.own and self.undecided:
+            return "undecided"
         return None if at is None else "own" if at.own else "inherited"
 
     def __str__(self):
@@ -90,8 +97,9 @@ class Location:
                        f"{self.rerun_on}); err of allowance:")
             out.append(f"    {'point':11s} {'propagated':>12s} {'local':>12s}")
             for r in self.injection:
-                flag = "  <- " + ("own" if r.own else "inherited") \
-                    if r.propagated > 1.0 else ""
+                kind = ("own?" if r.point in self.unsure else "own") if r.own \
+                    else "inherited"
+                flag = "  <- " + kind if r.propagated > 1.0 else ""
                 out.append(f"    {r.point.split('.', 1)[1]:11s} {error_text(r.propagated):>12s} "
                            f"{error_text(r.local):>12s}{flag}")
         if self.layers:
@@ -99,6 +107,8 @@ class Location:
             out.append(f"  {title}: propagated / local err of allowance")
             out.append("    " + "  ".join(f"{r.point[:3]} {error_text(r.propagated)}/"
                                           f"{error_text(r.local)}" for r in self.layers))
+            if self.layers_note:
+                out.append(f"    ({self.layers_note})")
         if self.verdict:
             out.append(f"  verdict: {self.verdict}")
         return "\n".join(out)

@@ -24,7 +24,8 @@ def summary_lines(checks: list) -> list:
                    + (f", fixture {w['name']}" if w["name"] else "") + ")")
     for c in failing:
         what = f"fixture {c['name']}" if c["kind"] == "fixture" else c["label"]
-        verdict = f" ({c['verdict']} error)" if c["verdict"] else ""
+        verdict = " (own error, or inherited from an unrecorded input)" \
+            if c["verdict"] == "undecided" else f" ({c['verdict']} error)" if c["verdict"] else ""
         if c["first_divergence"] is not None:
             out.append(f"FAILED {c['test']} [{what}]: first divergence "
                        f"{c['first_divergence']}{verdict}")

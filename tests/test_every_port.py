@@ -443,6 +443,57 @@ def test_a_dump_lacking_keys_says_what_the_split_could_not_use(tmp_path):
     assert "the dump lacks L02.k at" in later.verdict and "record those points" in later.verdict
 
 
+def _planted_dump(fault, drop=(), last=False):
+    from ladder.faults import planted
+    from ladder_common import port_model
+    cfg, params, _, tokens, prompt = setup()
+    with planted(fault, "torch"):
+        lad = capture_port(port_model(), tokens, prompt)
+    lad = lad.last_only() if last else lad
+    keep = {k: v for k, v in lad.values.items() if not any(d in k for d in drop)}
+    return Ladder(lad.steps, keep, "dump", {k: "not recorded" for k in lad.values
+                                            if k not in keep}, lad.captured), params, cfg
+
+
+def test_a_fault_in_an_unrecorded_input_is_not_called_the_layers_own():
+    # the Engram hash is wrong, but the dump does not record the Engram rows: the reference's
+    # own rows stand in, and "own" would blame L01 for what came in with them (issue 34)
+    dump, params, cfg = _planted_dump("engram_hash_seed", drop=("/engram_",))
+    cmp = compare_ladders(dump, reference_ladder(), DEFAULT_RULES)
+    loc = locate_dump(cmp, dump, reference_ladder(), params, cfg, cfg.kv_window)
+    assert loc.point == "L01.alpha" and loc.split == "undecided"
+    assert loc.verdict.startswith("own, or inherited from an unrecorded input")
+    assert "engram_k0 at position 1, engram_v0 at position 1 standing in" in loc.verdict
+    rows = [line.split() for line in str(loc).splitlines() if line.endswith(("<- own",
+                                                                             "<- own?"))]
+    assert rows and all(r[-1] == "own?" for r in rows)      # no row of the layer says "own"
+    # recorded, the same fault is found where it is: engram_k0, no layer blamed
+    dump, params, cfg = _planted_dump("engram_hash_seed")
+    cmp = compare_ladders(dump, reference_ladder(), DEFAULT_RULES)
+    assert cmp.first.point == "engram_k0"
+
+
+def test_a_last_position_dump_names_own_only_where_no_stand_in_reaches_the_point():
+    # RoPE at pos+1 in L03: q is wrong. A last-position-only dump lacks the earlier positions'
+    # keys, which cannot reach q (only attn on): "own" stands; the layers re-run with stood-in
+    # keys are flagged as not to be trusted
+    dump, params, cfg = _planted_dump("rope_pos_plus_1", last=True)
+    cmp = compare_ladders(dump, reference_ladder(), DEFAULT_RULES)
+    loc = locate_dump(cmp, dump, reference_ladder(), params, cfg, cfg.kv_window)
+    assert loc.point == "L03.q" and loc.split == "own" and not loc.undecided
+    assert "the dump lacks L03.k at 5 position(s)" in loc.verdict
+    assert "their local error cannot be trusted as the layer's own" in loc.layers_note
+    assert "L03" in loc.layers_note and "L03.q" not in loc.unsure
+
+
+def test_the_reach_of_a_stand_in_follows_the_layers_data_flow():
+    from ladder.dump_locate import relevant_stand_ins
+    lacking = ["L02.x@5", "engram_k0@5", "L03.k@2"]
+    assert relevant_stand_ins("L03.u", lacking) == ["L02.x@5"]
+    assert relevant_stand_ins("L03.bx", lacking) == ["L02.x@5", "engram_k0@5"]
+    assert relevant_stand_ins("L03.attn", lacking) == lacking
+
+
 def _only_from(cmp, step):
     from dataclasses import replace
     rows = [r if r.step == step else replace(r, passed=True) for r in cmp.rows]
