@@ -244,6 +244,12 @@ def verdict_of(cap: Captured, model: ModelUnderTest, rules=None, locate=True,
         else yardstick
     cmp = compare_ladders(cap.obtained, yard, _rules(rules), prefix="port", a_label=cap.label,
                           b_label=yardstick_label or yard.label)
+    from .cli import LadderInputError
+    from .compare_cli import check_recorded_argmax
+    try:                           # a recording's manifest argmax held to its own logits
+        check_recorded_argmax(cmp, cap.obtained, yard, [cap.label, cmp.b_label])
+    except LadderInputError as e:
+        raise JudgeError(str(e)) from None
     loc = None
     if locate and not cmp.passed:
         if cap.ours and yardstick is None:

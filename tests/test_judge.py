@@ -68,3 +68,21 @@ def test_a_bad_weight_form_is_refused():
 def test_a_live_side_name_is_not_a_recording(tiny):
     with pytest.raises(JudgeError, match="'torch' is not a recording"):
         judge("torch", tiny)
+
+
+def test_a_recording_whose_argmax_contradicts_its_logits_is_refused(tiny, tmp_path):
+    import json
+    from safetensors.torch import save_file
+    from ladder import archive
+    from ladder.judge import save_trace
+    from reference.params import load_safetensors
+    cap = capture(tiny.our_port(), tiny, prompt_len=3, steps=2)
+    path = save_trace(cap, tiny, tmp_path / "ok.safetensors")
+    assert judge(str(path), tiny).passed
+    tensors, meta = load_safetensors(path)
+    m = json.loads(meta[archive.META_KEY])
+    m["argmax"]["decode01"] = (m["argmax"]["decode01"] + 1) % tiny.cfg.vocab_size
+    bad = tmp_path / "bad.safetensors"
+    save_file(tensors, str(bad), metadata={archive.META_KEY: json.dumps(m)})
+    with pytest.raises(JudgeError, match=r"argmax\['decode01'\].*contradicts itself"):
+        judge(str(bad), tiny)
