@@ -297,6 +297,8 @@ def side_notes(label: str, lad) -> list:
         notes.append(f"warning: {label} was recorded in {what} ({len(upcast)} tensors widened "
                      f"to float32 on reading); the rules are float32 rules, so failures may be "
                      f"the recording's rounding, not the port's")
+    elif isinstance(dtype, str) and dtype:
+        notes.append(f"{label}: recorded in {dtype[:20]} (producer.dtype)")
     renamed = meta.get("renamed_steps") or {}
     if renamed:
         pairs = ", ".join(f"{k} -> {v}" for k, v in list(renamed.items())[:4])

@@ -67,6 +67,7 @@ def test_the_weight_identity_line_says_what_was_checked_and_what_was_absent(tmp_
     text = capsys.readouterr().out
     assert "checked params_sha256" in text
     assert "; sha256 absent" in text and "(a name, not checked)" in text
+    assert ": recorded in float32 (producer.dtype)" in text        # the side's dtype, said
     tensors, meta = load_safetensors(out)
     for value, rc, needle in ((None, 0, "params_sha256 absent"),
                               ("ab" * 32, 2, "weights field params_sha256 is " + "ab" * 32)):
