@@ -228,11 +228,12 @@ def _canonical_step_names(steps, infos, m):
     is one prefill then one-token decode steps, named otherwise (`decode0` for `decode00`),
     is read under the names our side uses (trace.schedule), and the renaming is recorded in
     the manifest (`renamed_steps`, theirs -> ours) for the CLI to print."""
+    from .names import TraceError
     from .trace import schedule
     tokens = [t for s in steps for t in s.tokens]
     try:
         ours = schedule(tokens, m["schedule"]["prompt_len"])
-    except Exception:                    # prompt_len outside the tokens: not this layout
+    except TraceError:                   # prompt_len outside the tokens: not this layout
         return steps, infos, {}
     if [(s.pos, s.tokens) for s in ours] != [(s.pos, s.tokens) for s in steps] or \
             all(a.name == b.name for a, b in zip(steps, ours)):

@@ -116,7 +116,7 @@ def check_golden(port, model, path: str, regen: str | None, schedule: dict) -> G
         if verdict.passed and regen != "all":
             return GoldenOutcome(path, False, "compared", "", verdict)
         if not verdict.passed:
-            stand_in = _against_reference(stored, cap, model, rules, path)
+            stand_in = _against_reference(stored, cap, model, verdict.cmp.rules, path)
     if regen is None:
         return GoldenOutcome(path, True, "compared", why, verdict, stand_in)
     save_trace(cap, model, path)
@@ -128,8 +128,7 @@ def check_golden(port, model, path: str, regen: str | None, schedule: dict) -> G
 def _against_reference(stored, cap, model, rules, path):
     """The stored ladder held to the reference recomputed on its schedule (ladder/stand_in.py):
     a failure may be the file's, not the port's."""
-    from .judge import _rules
     from .stand_in import check_stand_in
     ref = model.reference(cap.tokens, cap.prompt_len, cap.window)
-    return check_stand_in(stored, cap.obtained, ref, _rules(rules),
+    return check_stand_in(stored, cap.obtained, ref, rules,
                           f"golden file {os.path.basename(path)}", "--ladder-regen")
