@@ -1,6 +1,6 @@
 """`python -m ladder`: see ladder/cli.py."""
 import sys
 
-from .cli import main
+from ladder.cli.main import main
 
 sys.exit(main())

@@ -18,7 +18,7 @@ from .config import ConfigError, V2Config
 from .decode import DecodeInputError, forward_cached, generate, init_kv_cache
 from .memory_budget import DEFAULT_MAX_MEMORY, check_memory, cli_size
 from .params import ParamsError, init_params, load_params, save_params
-from .safe_io import InputFileError
+from bounded.io import InputFileError
 from .self_checks import SELF_CHECKS, max_rel, within
 
 

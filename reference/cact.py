@@ -24,7 +24,7 @@ from .cact_layout import CQ, FP16, RAW, HEADS, base_count, canon, heads_in, para
 from .config import V2Config
 from .memory_budget import DEFAULT_MAX_MEMORY, cact_terms, check_memory
 from .params import ParamsError, check_params, param_shapes
-from .safe_io import read_capped
+from bounded.io import read_capped
 from .tokenizer import Tokenizer, TokenizerFormatError
 
 TAG = 0x05E12A83

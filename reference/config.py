@@ -201,7 +201,7 @@ class V2Config:
     @classmethod
     def from_json(cls, text, where: str = "config JSON") -> "V2Config":
         """From JSON text (str or bytes), parsed with bounded nesting and number sizes."""
-        from .safe_io import parse_json
+        from bounded.io import parse_json
         data = parse_json(text, where, ConfigError)
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: must be a JSON object, got {type(data).__name__}")

@@ -17,41 +17,17 @@ estimate: the shipped geometry estimates ~0.3 GB and a ladder run on it stays ne
 from __future__ import annotations
 
 import math
-import re
+
+from bounded.size import (DEFAULT_MAX_MEMORY, GIB, cli_size, fmt_bytes as _fmt,  # noqa: F401
+                          parse_size)
 
 from .config import ConfigError, V2Config
 
-GIB = 1 << 30
-DEFAULT_MAX_MEMORY = 2 * GIB
 F32 = 4
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
-          "MB": 1 << 20, "MIB": 1 << 20, "G": GIB, "GB": GIB, "GIB": GIB, "T": 1 << 40,
-          "TB": 1 << 40, "TIB": 1 << 40}
 
 
 class MemoryBudgetError(ConfigError):
     """A geometry whose tables would not fit the memory budget (names the field and bytes)."""
-
-
-def parse_size(text: str) -> int:
-    """'2G', '512M', '1.5GiB', '1000000' -> bytes (binary units). ValueError otherwise."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).upper() not in _UNITS or len(m.group(1)) > 20:
-        raise ValueError(f"memory size {text!r} must be a number with an optional unit "
-                         f"K, M, G or T (binary), e.g. 2G")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    if n < 1:
-        raise ValueError(f"memory size {text!r} must be at least 1 byte")
-    return n
-
-
-def cli_size(text: str) -> int:
-    """argparse `type=` for --max-memory: parse_size with argparse's error (exit 2, one line)."""
-    import argparse
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def implied_bytes(cfg: V2Config) -> dict:
@@ -75,12 +51,6 @@ def implied_bytes(cfg: V2Config) -> dict:
                           "engram_orders", "taps x dilation x (fetched + 3 d_model + 3 tables) "
                                            "x 4 bytes, the history one Engram step reads"),
     }
-
-
-def _fmt(n: int) -> str:
-    if n >= GIB / 10:
-        return f"{n / GIB:.2f} GiB"
-    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
 def check_memory(cfg: V2Config, budget: int | None = None, where: str = "config",

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 
 import torch
 
 from .config import V2Config
 from .memory_budget import DEFAULT_MAX_MEMORY, check_memory, stored_terms
-from .safe_io import open_regular, parse_json
+from bounded import safetensors as _bounded
+from bounded.safetensors import FLOAT_DTYPES, ST_DTYPES
 
 BLOCK = "stack/layers/block"
 HEAD_PROBES = {"contrastive_head": 4, "confidence_head": 8}
@@ -166,18 +166,7 @@ def check_params(params: dict, cfg: V2Config, heads: bool | None = None) -> dict
 
 # ---- safetensors io (no pickle) ----
 
-_ST_DTYPES = {"F32": (torch.float32, 4), "F64": (torch.float64, 8), "F16": (torch.float16, 2),
-              "BF16": (torch.bfloat16, 2), "I64": (torch.int64, 8), "I32": (torch.int32, 4),
-              "U8": (torch.uint8, 1), "BOOL": (torch.bool, 1)}
-_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
-_MAX_HEADER = 100 * 1024 * 1024
-_MAX_DIM = 2 ** 31 - 1
-
-
-def _brief(v) -> str:
-    """repr(v) cut to 80 characters: a hostile header value may be megabytes long."""
-    r = repr(v)
-    return r if len(r) <= 80 else r[:77] + "..."
+_ST_DTYPES, _FLOAT_DTYPES = ST_DTYPES, FLOAT_DTYPES
 
 
 def save_params(path, params: dict, cfg: V2Config | None = None, metadata: dict | None = None):
@@ -197,113 +186,13 @@ def save_params(path, params: dict, cfg: V2Config | None = None, metadata: dict 
 
 
 def read_safetensors_header(path, max_bytes: int | None = None) -> tuple:
-    """Validate a safetensors file's framing before anything is allocated: (header, data_start).
-
-    The file must be a regular file of at most `max_bytes` (default: the memory budget, as
-    every tensor is read into memory); the header JSON is parsed with bounded nesting; every
-    declared dtype, shape and byte range is checked against the file size, and the ranges
-    must tile the data exactly (as safetensors writes them). A truncated or lying file raises
-    ParamsError naming the tensor, field and offset.
-    """
-    f, size = open_regular(path, DEFAULT_MAX_MEMORY if max_bytes is None else max_bytes,
-                           ParamsError, "parameter file")
-    with f:
-        return _read_header(f, size, os.fspath(path))
-
-
-def _read_header(f, size: int, path: str) -> tuple:
-    head = f.read(8)
-    if len(head) < 8:
-        raise ParamsError(f"{path}: file is {size} bytes; the 8-byte header length at "
-                          f"offset 0 is truncated")
-    (hlen,) = struct.unpack("<Q", head)
-    if hlen > min(_MAX_HEADER, size - 8):
-        raise ParamsError(f"{path}: header length {hlen} at offset 0 exceeds the "
-                          f"{size - 8} bytes after it (limit {_MAX_HEADER})")
-    raw = f.read(hlen)
-    header = parse_json(raw, f"{path}: header", ParamsError, base=8)
-    if not isinstance(header, dict):
-        raise ParamsError(f"{path}: header at offset 8 is not a JSON object")
-    data_start, data_len = 8 + hlen, size - 8 - hlen
-    spans = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
-                raise ParamsError(f"{path}: __metadata__ must map strings to strings")
-            continue
-        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
-            raise ParamsError(f"{path}: tensor {name!r} entry lacks dtype/shape/data_offsets")
-        dtype = info["dtype"]
-        if not isinstance(dtype, str) or dtype not in _ST_DTYPES:   # a list is unhashable
-            raise ParamsError(f"{path}: tensor {name!r} field dtype={_brief(dtype)} "
-                              f"is not one of {sorted(_ST_DTYPES)}")
-        shape, offs = info["shape"], info["data_offsets"]
-        # A dimension no larger than the data (or 2**31 - 1): a zero-byte tensor of shape
-        # [2**64, 0] fits any byte count but no torch size.
-        max_dim = max(data_len, _MAX_DIM)
-        if not (isinstance(shape, list) and len(shape) <= 8
-                and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= max_dim
-                        for x in shape)):
-            raise ParamsError(f"{path}: tensor {name!r} field shape={_brief(shape)} is invalid "
-                              f"(at most 8 integers in 0..{max_dim})")
-        if not (isinstance(offs, list) and len(offs) == 2
-                and all(isinstance(x, int) and not isinstance(x, bool) for x in offs)
-                and 0 <= offs[0] <= offs[1]):
-            raise ParamsError(f"{path}: tensor {name!r} field data_offsets={_brief(offs)} is "
-                              f"invalid")
-        nbytes = math.prod(shape) * _ST_DTYPES[info["dtype"]][1]
-        if offs[1] - offs[0] != nbytes:
-            raise ParamsError(f"{path}: tensor {name!r} shape {shape} needs {nbytes} bytes but "
-                              f"data_offsets span {offs[1] - offs[0]}")
-        if offs[1] > data_len:
-            raise ParamsError(f"{path}: tensor {name!r} data_offsets end {offs[1]} "
-                              f"(file offset {data_start + offs[1]}) is past the end of the "
-                              f"file ({size} bytes)")
-        spans.append((offs[0], offs[1], name))
-    end = 0
-    for lo, hi, name in sorted(spans):
-        if lo != end:
-            raise ParamsError(f"{path}: tensor {name!r} data starts at file offset "
-                              f"{data_start + lo}, not at {data_start + end} where the previous "
-                              f"one ends (tensors must tile the data, no gaps or overlaps)")
-        end = hi
-    if end != data_len:
-        raise ParamsError(f"{path}: {data_len - end} bytes at file offset {data_start + end} "
-                          f"follow the last tensor")
-    return header, data_start
-
-
-def _read_tensor(f, path: str, name: str, info: dict, data_start: int) -> torch.Tensor:
-    dtype, _ = _ST_DTYPES[info["dtype"]]
-    lo, hi = info["data_offsets"]
-    buf = torch.empty(hi - lo, dtype=torch.uint8)
-    f.seek(data_start + lo)
-    if hi > lo and f.readinto(buf.numpy()) != hi - lo:
-        raise ParamsError(f"{path}: tensor {name!r} is truncated at file offset {data_start + lo}"
-                          f" (the file shrank while being read)")
-    return buf.view(dtype).reshape(info["shape"])
+    """bounded.safetensors.read_safetensors_header, raising ParamsError."""
+    return _bounded.read_safetensors_header(path, max_bytes, ParamsError)
 
 
 def load_safetensors(path, max_bytes: int | None = None, names=None, error=ParamsError) -> tuple:
-    """(tensors, metadata) after the framing check above; no pickle, no mmap of the path.
-
-    `names`: read only these tensors (the others are framed but never allocated). `error`: the
-    exception class to raise (the message is ParamsError's), so a fixture loader can call this
-    in place of safetensors' load_file and keep its own error class."""
-    path_s = os.fspath(path)
-    try:
-        f, size = open_regular(path, DEFAULT_MAX_MEMORY if max_bytes is None else max_bytes,
-                               ParamsError, "safetensors file")
-        with f:
-            header, data_start = _read_header(f, size, path_s)
-            tensors = {name: _read_tensor(f, path_s, name, info, data_start)
-                       for name, info in header.items()
-                       if name != "__metadata__" and (names is None or name in names)}
-    except ParamsError as e:
-        if error is ParamsError:
-            raise
-        raise error(str(e)) from None
-    return tensors, dict(header.get("__metadata__", {}))
+    """(tensors, metadata) of a safetensors file (bounded.safetensors.load_safetensors)."""
+    return _bounded.load_safetensors(path, max_bytes, names, error)
 
 
 def check_values(params: dict, where: str) -> None:

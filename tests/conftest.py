@@ -37,7 +37,7 @@ def installed_copy(tmp_path_factory):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(os.path.join(ROOT, name), src / name)
-    for pkg in ("reference", "port", "kernels", "ladder"):
+    for pkg in ("bounded", "reference", "port", "kernels", "ladder"):
         shutil.copytree(os.path.join(ROOT, pkg), src / pkg,
                         ignore=shutil.ignore_patterns("__pycache__"))
     isolation = [] if importlib.util.find_spec("setuptools") is None \
@@ -62,14 +62,14 @@ def tiny_params(tiny_cfg):
 @pytest.fixture(scope="session")
 def v41_fx():
     """The official DeepSeek-V4.1 attention fixture: (manifest, recordings, weights)."""
-    from ladder.v41 import load_fixture
+    from ladder.v41.sides import load_fixture
     return load_fixture()
 
 
 @pytest.fixture(scope="session")
 def v41_ref_run(v41_fx):
     """reference/v41/attn.py driven through every call of the fixture, once per session."""
-    from ladder.v41 import run_side
+    from ladder.v41.sides import run_side
     from reference.v41.attn import AttnStackV41
     man, rec, w = v41_fx
     return run_side(AttnStackV41(man["model_args"], w), man, rec)

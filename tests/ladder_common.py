@@ -3,9 +3,9 @@ session: every fault test compares against the same two ladders). Callers must n
 import functools
 import os
 
-from ladder.capture import capture_port, capture_reference
-from ladder.cli import DEFAULT_PROMPT, DEFAULT_STEPS
-from ladder.fixtures import seeded_tokens
+from ladder.sides.capture import capture_port, capture_reference
+from ladder.cli.main import DEFAULT_PROMPT, DEFAULT_STEPS
+from ladder.sides.fixtures import seeded_tokens
 from port.model import V2Model
 from reference.config import V2Config
 from reference.params import init_params

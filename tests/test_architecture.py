@@ -1,6 +1,6 @@
 import torch
 
-from ladder.rules import max_rel, rule_for
+from ladder.sides.reference_rules import max_rel, rule_for
 from reference import architecture, heads
 from reference.decode import forward_cached, init_kv_cache
 

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ladder.cli import main
-from ladder.v41 import DEFAULT_STEM
+from ladder.cli.main import main
+from ladder.v41.sides import DEFAULT_STEM
 from port.v41.attn import AttnStackV41 as PortStack
 from reference.v41.attn import AttnStackV41 as RefStack
 from reference.v41.config import V41Args, V41ConfigError, mtp_weight_names

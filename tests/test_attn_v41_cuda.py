@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from kernels.v41.sparse_attn import triton
-from ladder.rules import V41_DEVICE_FLIPS
-from ladder.v41 import compare, graph_vs_eager, run_side
+from ladder.engine.rules import V41_DEVICE_FLIPS
+from ladder.v41.sides import compare, graph_vs_eager, run_side
 from port.v41.attn import AttnStackV41
 from reference.v41.attn import AttnStackV41 as RefStack
 

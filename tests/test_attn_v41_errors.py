@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from ladder.v41 import run_side
+from ladder.v41.sides import run_side
 from port.v41.attn import AttnStackV41 as PortStack
 from port.v41.attn import AttnV41Error as PortError
 from reference.v41.attn import AttnStackV41 as RefStack

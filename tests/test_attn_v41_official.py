@@ -4,8 +4,9 @@ inputs: index tensors exact, float tensors within the bf16 rule of ladder/rules.
 import pytest
 import torch
 
-from ladder.rules import V41_RULES, rule_for
-from ladder.v41 import INDEX_POINTS, compare
+from ladder.engine.rules import V41_RULES
+from ladder.sides.reference_rules import rule_for
+from ladder.v41.sides import INDEX_POINTS, compare
 from reference.v41.attn import AttnStackV41
 
 OFFICIAL_SHA256 = "4e9ae23620edc8028ccc5d5fef552ab7fdc7dcd6f79608754fe9f67644056f65"
@@ -97,7 +98,7 @@ def test_args_need_every_field_the_attention_reads(v41_fx):
 def test_device_flip_bound_is_rule_data():
     """tests/test_attn_v41_cuda.py's tolerated share of flipped selections lives in
     ladder/rules.py with its reason; 2% of the fixture's 384 (call, layer) steps is 7."""
-    from ladder.rules import V41_DEVICE_FLIPS, CountBound, RulesError
+    from ladder.engine.rules import V41_DEVICE_FLIPS, CountBound, RulesError
     assert "near-tie" in V41_DEVICE_FLIPS.why
     assert V41_DEVICE_FLIPS.allows(7, 384) and not V41_DEVICE_FLIPS.allows(8, 384)
     with pytest.raises(RulesError, match="fraction=1.5 must be <= 1"):

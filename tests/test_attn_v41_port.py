@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels.v41.sparse_attn import triton
-from ladder.v41 import compare, graph_vs_eager, run_side
+from ladder.v41.sides import compare, graph_vs_eager, run_side
 from port.v41.attn import AttnStackV41
 from port.v41.graph import record_body_ops
 

@@ -9,7 +9,7 @@ import struct
 import pytest
 import torch
 
-from reference import safe_io
+from bounded import io as safe_io
 from reference.config import MAX_ENGRAM_ORDER, MAX_ENGRAM_ORDERS, MAX_INT, ConfigError, V2Config
 from reference.memory_budget import MemoryBudgetError, check_memory
 
@@ -68,14 +68,15 @@ def test_a_safetensors_file_truncated_between_stat_and_read_is_refused(tmp_path,
     p = str(tmp_path / "t.safetensors")
     save_file({"a": torch.arange(64, dtype=torch.float32)}, p)
     assert torch.equal(params.load_safetensors(p)[0]["a"], torch.arange(64.0))
-    real = params.open_regular
+    import bounded.safetensors as st
+    real = st.open_regular
 
     def cut_after_stat(path, limit, error=safe_io.InputFileError, what="file"):
         f, size = real(path, limit, error, what)
         with open(path, "r+b") as g:
             g.truncate(size - 16)
         return f, size
-    monkeypatch.setattr(params, "open_regular", cut_after_stat)
+    monkeypatch.setattr(st, "open_regular", cut_after_stat)
     with pytest.raises(params.ParamsError, match="tensor 'a' is truncated .*shrank"):
         params.load_safetensors(p)
 
@@ -268,7 +269,7 @@ def test_nat_layer_refuses_bad_layers_and_positions_itself(c_step, tiny_cfg):
 
 # ---------------------------------------------------------------- file-size caps
 def test_manifest_size_cap_at_the_limit_and_one_past(tmp_path, monkeypatch):
-    from ladder import fixtures
+    from ladder.sides import fixtures
     from ladder_common import FIXTURE
     size = len(open(FIXTURE + ".json", "rb").read())
     monkeypatch.setattr(fixtures, "MAX_MANIFEST", size)
@@ -288,7 +289,7 @@ def _rules_file(tmp_path, rules, **extra):
 
 
 def test_rules_file_counts_and_pattern_length_at_the_limit_and_one_past(tmp_path):
-    from ladder.rules import MAX_PATTERN, MAX_RULES, RulesError, load_rules
+    from ladder.engine.rules import MAX_PATTERN, MAX_RULES, RulesError, load_rules
     catch = [{"pattern": "*", "rtol": 1e-5}]
     many = [{"pattern": f"port/p{i}", "rtol": 1e-5} for i in range(MAX_RULES - 1)]
     assert len(load_rules(_rules_file(tmp_path, many + catch)).rules) == MAX_RULES
@@ -303,7 +304,7 @@ def test_rules_file_counts_and_pattern_length_at_the_limit_and_one_past(tmp_path
 
 
 def test_rule_tolerances_and_topk_at_the_limit_and_one_past():
-    from ladder.rules import MAX_TOLERANCE, LogitsRule, Rule, RulesError
+    from ladder.engine.rules import MAX_TOLERANCE, LogitsRule, Rule, RulesError
     Rule(MAX_TOLERANCE, atol=MAX_TOLERANCE, floor=MAX_TOLERANCE)
     for field in ("rtol", "atol", "floor"):
         kw = dict(rtol=1e-5)

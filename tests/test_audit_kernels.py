@@ -12,7 +12,8 @@ from kernels.hadamard_mlp import hadamard_mlp_torch, hadamard_mlp_triton
 from kernels.layer_tail import layer_tail_torch, layer_tail_triton
 from kernels.norm_gemv import (norm_cq_gemv_torch, norm_cq_gemv_triton, norm_gemv_torch,
                                norm_gemv_triton, triton)
-from ladder.rules import KERNEL_RULES, PORT_RULES, rule_for
+from ladder.engine.rules import KERNEL_RULES, PORT_RULES
+from ladder.sides.reference_rules import rule_for
 from tests.test_kernels_hadamard_mlp import float64_mlp
 from tests.test_kernels_layer_tail import case as tail_case, float64_tail
 

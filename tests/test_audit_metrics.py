@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from ladder.compare import compare_ladders, compare_logits, compare_point, metrics
-from ladder.locate import locate
-from ladder.rules import LogitsRule, Rule, RuleSet
-from ladder.trace import Ladder, schedule
+from ladder.engine.compare import compare_ladders, compare_logits, compare_point, metrics
+from ladder.engine.locate import locate
+from ladder.engine.rules import LogitsRule, Rule, RuleSet
+from ladder.engine.trace import Ladder, schedule
 
 # b and a, all exact binary fractions: d = |a - b| = [0.5, 0, 2^-7, 1], |b| = [1, 2, 0, 4]
 B = torch.tensor([[1.0, -2.0, 0.0, 4.0]])
@@ -291,9 +291,9 @@ def test_locate_when_the_first_divergence_is_coarse_or_outside_the_layers():
 
 
 # ---------------------------------------------------------------- the registry's shape check
-from ladder import fixtures                                       # noqa: E402
-from ladder.names import TraceError                               # noqa: E402
-from ladder.points import check_ladder, expected                  # noqa: E402
+from ladder.sides import fixtures                                       # noqa: E402
+from ladder.model.names import TraceError                               # noqa: E402
+from ladder.model.points import check_ladder, expected                  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -426,7 +426,7 @@ def test_fixture_token_ids_at_the_vocabulary_edge(tmp_path):
 def test_locate_prints_the_injection_table_and_every_layers_split():
     """The injection part of the printout, from a Location built by hand: each point's
     propagated and local error, flagged own / inherited only where the chained run fails."""
-    from ladder.locate import Injected, Location
+    from ladder.engine.locate import Injected, Location
     port, ref = _ladders({("decode00", "L00.q"): {0: 0.3}})
     cmp = compare_ladders(port, ref, RuleSet(rules={"port/*": Rule(0.1)}))
     loc = Location(cmp.first, 2, cmp.first_coarse, [],

@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ladder.rules import CACT_RULES, rule_for
+from ladder.engine.rules import CACT_RULES
+from ladder.sides.reference_rules import rule_for
 from reference import cact, cq
 from reference.cact_layout import canon
 from reference.config import V2Config

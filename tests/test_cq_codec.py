@@ -7,7 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from ladder.rules import CACT_RULES, rule_for
+from ladder.engine.rules import CACT_RULES
+from ladder.sides.reference_rules import rule_for
 from reference import cq
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from ladder.rules import rule_for
+from ladder.sides.reference_rules import rule_for
 from reference.decode import (COARSE, DecodeInputError, forward_cached, generate,
                               init_kv_cache)
 

@@ -9,17 +9,19 @@ import sys
 import pytest
 import torch
 
-from ladder import archive, needle_rs
-from ladder.archive import ArchiveError
-from ladder.capture import capture_port, capture_reference
-from ladder.cli import main
-from ladder.compare import compare_ladders
-from ladder.dump_locate import locate_dump
-from ladder.geometry import geometry_of
-from ladder.namemap import NameMapError, from_dict, load_map
-from ladder.rules import DEFAULT_RULES, NEEDLE_RS_RULES, rule_for
-from ladder.names import layer_of
-from ladder.trace import Ladder
+from ladder.engine import archive
+from ladder.formats import needle_rs
+from ladder.engine.archive import ArchiveError
+from ladder.sides.capture import capture_port, capture_reference
+from ladder.cli.main import main
+from ladder.engine.compare import compare_ladders
+from ladder.sides.dump_locate import locate_dump
+from ladder.model.geometry import geometry_of
+from ladder.formats.namemap import NameMapError, from_dict, load_map
+from ladder.engine.rules import DEFAULT_RULES, NEEDLE_RS_RULES
+from ladder.sides.reference_rules import rule_for
+from ladder.model.names import layer_of
+from ladder.engine.trace import Ladder
 from ladder_common import clean_port_ladder, reference_ladder, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -156,7 +158,7 @@ def test_steps_are_matched_by_position_and_tokens_not_by_their_spelling(tmp_path
 
 def test_ladders_of_different_schedules_name_the_first_step_that_differs():
     from dataclasses import replace
-    from ladder.compare import CompareError
+    from ladder.engine.compare import CompareError
     a, b = clean_port_ladder(), reference_ladder()
     steps = list(b.steps)
     steps[2] = replace(steps[2], tokens=(steps[2].tokens[0] + 1,))
@@ -349,7 +351,7 @@ def test_a_maps_reshape_registry_is_applied_to_foreign_safetensors(tmp_path, cap
     # a foreign file that stores every value flat per position ([S, H*hd] for q), read with a
     # documented map saying reshape = "registry": it must compare, not diverge (issue 34)
     from safetensors.torch import save_file
-    from ladder.points import LAYER, POINTS
+    from ladder.model.points import LAYER, POINTS
     ref = reference_ladder()
     tensors = {f"mine/{k}": v.reshape(v.shape[0], -1).contiguous() for k, v in
                ref.values.items()}
@@ -417,7 +419,7 @@ def test_a_layer_fed_bad_inputs_is_inherited_at_the_next_layer(capsys):
     assert main(["locate", "--port", f"{TOY}:build_buggy"]) == 1
     text = capsys.readouterr().out
     assert "first divergence: prefill/L02.hpost" in text and "own error" in text
-    from ladder.ports import build_port, capture_protocol
+    from ladder.sides.ports import build_port, capture_protocol
     cfg, params, _, tokens, prompt = setup()
     lad = capture_protocol(build_port(f"{TOY}:build_buggy", params, cfg), cfg, tokens, prompt)
     cmp = compare_ladders(lad, reference_ladder(), DEFAULT_RULES)
@@ -429,7 +431,7 @@ def test_a_layer_fed_bad_inputs_is_inherited_at_the_next_layer(capsys):
 
 def test_a_dump_lacking_keys_says_what_the_split_could_not_use(tmp_path):
     cfg, params = setup()[:2]
-    from ladder.ports import build_port, capture_protocol
+    from ladder.sides.ports import build_port, capture_protocol
     _, _, _, tokens, prompt = setup()
     lad = capture_protocol(build_port(f"{TOY}:build_buggy", params, cfg), cfg, tokens, prompt)
     keep = {k: v for k, v in lad.values.items() if not k.endswith((".k", ".v"))}
@@ -444,7 +446,7 @@ def test_a_dump_lacking_keys_says_what_the_split_could_not_use(tmp_path):
 
 
 def _planted_dump(fault, drop=(), last=False):
-    from ladder.faults import planted
+    from ladder.sides.faults import planted
     from ladder_common import port_model
     cfg, params, _, tokens, prompt = setup()
     with planted(fault, "torch"):
@@ -487,7 +489,7 @@ def test_a_last_position_dump_names_own_only_where_no_stand_in_reaches_the_point
 
 
 def test_the_reach_of_a_stand_in_follows_the_layers_data_flow():
-    from ladder.dump_locate import relevant_stand_ins
+    from ladder.sides.dump_locate import relevant_stand_ins
     lacking = ["L02.x@5", "engram_k0@5", "L03.k@2"]
     assert relevant_stand_ins("L03.u", lacking) == ["L02.x@5"]
     assert relevant_stand_ins("L03.bx", lacking) == ["L02.x@5", "engram_k0@5"]
@@ -529,8 +531,8 @@ def test_compare_refuses_mismatched_sides(tmp_path, capsys):
 
 def test_the_comparison_engine_imports_no_model_package():
     code = ("import sys, ladder.compare, ladder.rules, ladder.trace, ladder.table, "
-            "ladder.report, ladder.archive, ladder.locate, ladder.namemap, ladder.names, "
-            "ladder.geometry, ladder.plot; print(sorted(m for m in sys.modules if "
+            "ladder.engine.report, ladder.archive, ladder.locate, ladder.namemap, ladder.names, "
+            "ladder.model.geometry, ladder.plot; print(sorted(m for m in sys.modules if "
             "m.split('.')[0] in ('reference', 'port', 'kernels')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=os.path.dirname(HERE), check=True).stdout
@@ -540,7 +542,7 @@ def test_the_comparison_engine_imports_no_model_package():
 def test_a_summary_comparison_keeps_what_the_verdicts_read():
     """keep="summary" (what `compare` streams with) gives the same first divergence, worst
     rows, failing counts and table as keeping every row, holding O(points) rows."""
-    from ladder.table import summary
+    from ladder.engine.table import summary
     ref = reference_ladder()
     bad = _perturbed(clean_port_ladder(), "decode03/L02.u", 1.001)
     bad = _perturbed(bad, "decode07/L02.u", 1.002)
@@ -561,8 +563,8 @@ def test_a_summary_comparison_keeps_what_the_verdicts_read():
 def test_v41_runs_through_the_same_dump_and_compare(tmp_path, capsys):
     """The V4.1 attention's ladder as an archive: dump -> compare equals `run`'s comparison
     (reference vs official, port vs reference) row for row."""
-    from ladder.rules import V41_RULESET
-    from ladder.v41 import compare as v41_compare, load_fixture, run_side
+    from ladder.engine.rules import V41_RULESET
+    from ladder.v41.sides import compare as v41_compare, load_fixture, run_side
     from reference.v41.attn import AttnV41
     path = tmp_path / "v41.safetensors"
     assert main(["dump", "reference", "--model", "attn_v41", "--out", str(path)]) == 0
@@ -572,7 +574,7 @@ def test_v41_runs_through_the_same_dump_and_compare(tmp_path, capsys):
     man, rec, w = load_fixture()
     ref_run = run_side(AttnV41(man["model_args"], w), man, rec)
     live = v41_compare(ref_run, rec, "v41_official", man["calls"], V41_RULESET)
-    from ladder.v41 import to_ladder
+    from ladder.v41.sides import to_ladder
     dumped = compare_ladders(lad, to_ladder(rec, man["calls"], "official"), V41_RULESET,
                              prefix="v41_official")
     assert _rows(dumped) == _rows(live)
@@ -585,7 +587,7 @@ def test_v41_runs_through_the_same_dump_and_compare(tmp_path, capsys):
 def test_a_ports_own_hidden_points_are_not_compared_with_its_reason(capsys):
     """A protocol port that cannot show a point says why; the comparison lists it under that
     reason as not compared, never as fused and never as a pass."""
-    from ladder.ports import capture_protocol
+    from ladder.sides.ports import capture_protocol
     from ports.toy_port import ToyPort
 
     class Hiding(ToyPort):

@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from kernels.norm_gemv import triton as _triton
-from ladder.capture import capture_port, capture_reference
-from ladder.compare import compare_ladders, first_bit_difference
-from ladder.faults import FAULTS
-from ladder.locate import locate
-from ladder.points import expected
-from ladder.rules import PORT_RULES, rule_for
+from ladder.sides.capture import capture_port, capture_reference
+from ladder.engine.compare import compare_ladders, first_bit_difference
+from ladder.sides.faults import FAULTS
+from ladder.engine.locate import locate
+from ladder.model.points import expected
+from ladder.engine.rules import PORT_RULES
+from ladder.sides.reference_rules import rule_for
 from ladder_common import setup
 from port.fused import HIDDEN, LAYER_TRACED, FusedBody
 from port.graph import DecodeGraph, record_body_ops
@@ -133,7 +134,7 @@ def test_step_traced_shows_every_point_a_kernel_boundary_exposes(pair, tiny_cfg)
     _, b = pair
     every = [n for n, _ in expected(tiny_cfg)]
     fused = _traced(b, [5, 9, 13], prefill=False)         # position 2: the fused body
-    # the seven points a kernel keeps in registers (README, "The GPU decode step")
+    # the seven points a kernel keeps in registers (docs/gpu.md, "What the ladder sees")
     assert set(HIDDEN) == {"nx", "h_in", "res_logits", "attn_post", "mlp_in", "mlp_out",
                            "block_out"}
     assert fused == [n for n in every if n.split(".")[-1] not in HIDDEN]

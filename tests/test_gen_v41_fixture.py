@@ -57,7 +57,7 @@ def test_outputs_are_byte_reproducible(tmp_path):
 
     from safetensors.torch import load_file
 
-    from ladder.v41 import DEFAULT_STEM
+    from ladder.v41.sides import DEFAULT_STEM
     with open(DEFAULT_STEM + ".json") as f:
         manifest = json.load(f)
     assert not {k for k in manifest if "second" in k or "time" in k or "date" in k}, manifest

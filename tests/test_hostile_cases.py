@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ladder import fixtures
-from ladder.rules import DEFAULT_RULES, RulesError, UncoveredPointError, load_rules
+from ladder.sides import fixtures
+from ladder.engine.rules import DEFAULT_RULES, RulesError, UncoveredPointError, load_rules
 from reference.cact import CactFormatError, read_cact
 from reference.config import ConfigError, V2Config
 from reference.memory_budget import DEFAULT_MAX_MEMORY, MemoryBudgetError, check_memory, \
@@ -316,7 +316,7 @@ def test_fixture_manifest_fields_are_range_checked(tmp_path, edit, msg):
 
 
 def test_json_nesting_and_number_length_are_bounded_before_parsing(tmp_path):
-    from reference.safe_io import InputFileError, parse_json, parse_toml
+    from bounded.io import InputFileError, parse_json, parse_toml
     with pytest.raises(InputFileError, match="nesting depth 65 at byte 64 exceeds the limit 64"):
         parse_json(b"[" * 100000 + b"]" * 100000, "x")
     with pytest.raises(InputFileError, match="number literal of 5000 characters at byte 6"):

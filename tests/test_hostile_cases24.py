@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from ladder.cli import main as ladder_main
-from ladder.v41 import DEFAULT_STEM as V41_STEM, V41FixtureError, load_fixture
+from ladder.cli.main import main as ladder_main
+from ladder.v41.sides import DEFAULT_STEM as V41_STEM, V41FixtureError, load_fixture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
@@ -103,7 +103,7 @@ def _st(path, entries: dict, data: bytes = b"") -> str:
 
 def _readers(tmp_path):
     """Every reader of a safetensors file, each with the error class it raises."""
-    from ladder import fixtures
+    from ladder.sides import fixtures
     from reference.params import ParamsError, load_params, load_safetensors, \
         read_safetensors_header
 
@@ -225,14 +225,14 @@ def test_value_checks_and_cq_unpack_working_copies_are_bounded():
 @pytest.fixture
 def small_counts(monkeypatch):
     """The count limits lowered (the real ones take a few seconds of scanning to reach)."""
-    from reference import safe_io
+    from bounded import io as safe_io
     monkeypatch.setattr(safe_io, "MAX_CONTAINERS", 3000)
     monkeypatch.setattr(safe_io, "MAX_ENTRIES", 5000)
     return 3000, 5000
 
 
 def test_json_and_toml_container_and_entry_counts_are_bounded(small_counts):
-    from reference.safe_io import InputFileError, parse_json, parse_toml
+    from bounded.io import InputFileError, parse_json, parse_toml
     MAX_CONTAINERS, MAX_ENTRIES = small_counts
     n = MAX_CONTAINERS + 10
     with pytest.raises(InputFileError, match=rf"JSON array or object number {MAX_CONTAINERS + 1} "
@@ -270,7 +270,7 @@ def test_safetensors_header_with_many_entries_is_refused_before_parsing(tmp_path
      r"rules\[0\]: field pattern of 10001 characters \('\*a\*a.*exceeds the limit 256"),
 ])
 def test_rules_pattern_count_and_length_are_bounded(tmp_path, rules, msg):
-    from ladder.rules import RulesError, load_rules
+    from ladder.engine.rules import RulesError, load_rules
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"rules": rules}))
     with pytest.raises(RulesError, match=msg):
@@ -283,8 +283,8 @@ def _tiny_fixture():
 
 
 def test_fixture_write_is_all_or_nothing_when_the_manifest_fails(tmp_path):
-    from ladder import fixtures
-    from ladder.atomic import OutputError
+    from ladder.sides import fixtures
+    from ladder.engine.atomic import OutputError
     stem = tmp_path / "fx"
     tensors, manifest = _tiny_fixture()
     fixtures.write(stem, tensors, manifest)
@@ -301,8 +301,8 @@ def test_fixture_write_on_a_full_disk_is_an_os_error_and_leaves_nothing(tmp_path
     """RLIMIT_FSIZE stands in for a full disk: the write fails with EFBIG, not SIGXFSZ."""
     import resource
     import signal
-    from ladder import fixtures
-    from ladder.atomic import OutputError
+    from ladder.sides import fixtures
+    from ladder.engine.atomic import OutputError
     tensors = {"a": torch.zeros(1 << 16)}            # 256 KB, over the 64 KB limit below
     old_sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     old = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -317,11 +317,11 @@ def test_fixture_write_on_a_full_disk_is_an_os_error_and_leaves_nothing(tmp_path
 
 
 def test_report_is_all_or_nothing(tmp_path):
-    from ladder.atomic import OutputError
-    from ladder.compare import compare_ladders
-    from ladder.report import write_report
-    from ladder.rules import Rule, RuleSet
-    from ladder.trace import Ladder, schedule
+    from ladder.engine.atomic import OutputError
+    from ladder.engine.compare import compare_ladders
+    from ladder.engine.report import write_report
+    from ladder.engine.rules import Rule, RuleSet
+    from ladder.engine.trace import Ladder, schedule
     steps = schedule([1, 2, 3], 1)
     values = {f"{st.name}/L00.x": torch.ones(len(st.tokens), 4) for st in steps}
     cmp = compare_ladders(Ladder(steps, values, "port"), Ladder(steps, values, "ref"),
@@ -360,14 +360,14 @@ def test_rule_why_with_a_lone_surrogate_prints_escaped(tmp_path, capsys):
 
 
 def _stop(*a, **k):
-    from ladder.cli import LadderInputError
+    from ladder.cli.main import LadderInputError
     raise LadderInputError("stopped after the header")
 
 
 def test_v41_field_with_a_lone_surrogate_prints_escaped(tmp_path, monkeypatch, capsys):
-    import ladder.v41_cli
+    import ladder.v41.cli
     stem = _v41_stem(tmp_path, lambda m: m["official"].update(repo="deepseek\udc80\ud800"))
-    monkeypatch.setattr(ladder.v41_cli, "run_side", _stop)        # the header is the point
+    monkeypatch.setattr(ladder.v41.cli, "run_side", _stop)        # the header is the point
     assert ladder_main(["run", "--model", "attn_v41", "--fixture", stem]) == 2
     cap = capsys.readouterr()
     assert "fixture v41 of deepseek\\x80\\ud800 @" in cap.out, cap.out
@@ -375,18 +375,18 @@ def test_v41_field_with_a_lone_surrogate_prints_escaped(tmp_path, monkeypatch, c
 
 
 def test_non_utf8_file_name_prints_escaped(tmp_path, monkeypatch, capsys):
-    import ladder.cli
+    import ladder.cli.commands
     d = os.fsencode(str(tmp_path))
     stem = os.fsdecode(d + b"/fx\xff")
     for ext in (".json", ".safetensors"):
         os.symlink(os.path.join(FIXTURES, "v2_forward_vectors" + ext), stem + ext)
-    monkeypatch.setattr(ladder.cli, "bar", _stop)
+    monkeypatch.setattr(ladder.cli.commands, "bar", _stop)
     assert ladder_main(["run", "--fixture", stem]) == 2
     assert "vs fixture " + str(tmp_path) + "/fx\\xff" in capsys.readouterr().out
 
 
 def test_report_text_with_a_lone_surrogate_is_written_escaped(tmp_path):
-    from ladder.atomic import write_all
+    from ladder.engine.atomic import write_all
     write_all({tmp_path / "a.md": "why \ud800 \udcff"})
     assert (tmp_path / "a.md").read_text() == "why \\ud800 \\xff"
 
@@ -472,7 +472,7 @@ def test_confusable_and_duplicate_config_keys_are_refused(tmp_path):
 
 
 def test_fixture_config_with_a_lookalike_key_is_refused(tmp_path):
-    from ladder import fixtures
+    from ladder.sides import fixtures
     m = json.load(open(os.path.join(FIXTURES, "v2_forward_vectors.json")))
     m["config"]["kv_windows"] = m["config"].pop("kv_window")
     (tmp_path / "fx.json").write_text(json.dumps(m))
@@ -522,11 +522,11 @@ def test_v41_report_writes_its_six_files_together(tmp_path, monkeypatch):
     """The V4.1 report is two reports (port vs reference, reference vs official): a failure
     on the second leaves neither, where the first used to be written already."""
     import argparse
-    import ladder.v41_cli as v41_cli
-    from ladder.atomic import OutputError
-    from ladder.compare import compare_ladders
-    from ladder.rules import Rule, RuleSet
-    from ladder.trace import Ladder, schedule
+    import ladder.v41.cli as v41_cli
+    from ladder.engine.atomic import OutputError
+    from ladder.engine.compare import compare_ladders
+    from ladder.engine.rules import Rule, RuleSet
+    from ladder.engine.trace import Ladder, schedule
     steps = schedule([1, 2, 3], 1)
     values = {f"{st.name}/L00.x": torch.ones(len(st.tokens), 4) for st in steps}
     cmp = compare_ladders(Ladder(steps, values, "port"), Ladder(steps, values, "ref"),

@@ -103,7 +103,7 @@ def params_cases(rng, n, tmp):
 
 
 def rules_cases(rng, n):
-    from ladder.rules import DEFAULT_RULES, dump_rules
+    from ladder.engine.rules import DEFAULT_RULES, dump_rules
     toml, js = dump_rules(DEFAULT_RULES, "toml"), dump_rules(DEFAULT_RULES, "json")
     fields = ["rtol", "atol", "scale", "stat", "why", "pattern", "topk", "tie_factor"]
     for i in range(n):
@@ -213,9 +213,9 @@ def v41_fixture_cases(rng, n):
 # ---------------------------------------------------------------- the child
 def child(tmp: str) -> dict:
     import torch
-    from ladder import fixtures
-    from ladder.rules import RulesError, load_rules
-    from ladder.v41 import V41FixtureError
+    from ladder.sides import fixtures
+    from ladder.engine.rules import RulesError, load_rules
+    from ladder.v41.sides import V41FixtureError
     from reference.cact import CactFormatError, parse_cact
     from reference.config import ConfigError, V2Config
     from reference.memory_budget import check_memory
@@ -258,7 +258,7 @@ def child(tmp: str) -> dict:
         assert 0 <= f.window <= f.cfg.max_seq_len and len(f.tokens) <= f.cfg.max_seq_len
 
     def v41_ok(pair):
-        from ladder.v41 import load_fixture
+        from ladder.v41.sides import load_fixture
         write("v41.json", pair[0])
         write("v41.safetensors", pair[1])
         load_fixture(os.path.join(tmp, "v41"))

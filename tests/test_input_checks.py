@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ladder import fixtures
+from ladder.sides import fixtures
 from reference import cact
 from reference.cact import CactFormatError, parse_cact
 from reference.decode import DecodeInputError, forward_cached, init_kv_cache

@@ -3,10 +3,10 @@ gives the comparison `run`/`compare` give, and a schedule it cannot run is refus
 value."""
 import pytest
 
-from ladder.capture import capture_port
-from ladder.compare import compare_ladders
-from ladder.judge import JudgeError, ModelUnderTest, capture, judge
-from ladder.trace import Ladder
+from ladder.sides.capture import capture_port
+from ladder.engine.compare import compare_ladders
+from ladder.sides.judge import JudgeError, ModelUnderTest, capture, judge
+from ladder.engine.trace import Ladder
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_cq_weights_judge_the_codes_against_the_dequantised_reference():
 
 
 def test_a_recording_is_judged_on_its_own_tokens(tiny, tmp_path):
-    from ladder.judge import save_trace
+    from ladder.sides.judge import save_trace
     cap = capture("ports.toy_port:build_buggy", tiny, prompt_len=3, steps=2)
     path = save_trace(cap, tiny, tmp_path / "toy.safetensors")
     v = judge(str(path), tiny)
@@ -73,8 +73,8 @@ def test_a_live_side_name_is_not_a_recording(tiny):
 def test_a_recording_whose_argmax_contradicts_its_logits_is_refused(tiny, tmp_path):
     import json
     from safetensors.torch import save_file
-    from ladder import archive
-    from ladder.judge import save_trace
+    from ladder.engine import archive
+    from ladder.sides.judge import save_trace
     from reference.params import load_safetensors
     cap = capture(tiny.our_port(), tiny, prompt_len=3, steps=2)
     path = save_trace(cap, tiny, tmp_path / "ok.safetensors")

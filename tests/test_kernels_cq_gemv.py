@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from kernels.cq_gemv import CqGemvError, cq_gemv_torch, cq_gemv_triton, triton, unpack_codes
-from ladder.rules import KERNEL_RULES, rule_for
+from ladder.engine.rules import KERNEL_RULES
+from ladder.sides.reference_rules import rule_for
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -8,7 +8,8 @@ import torch
 
 from kernels.engram_prelude import (EngramPreludeError, engram_prelude_torch,
                                     engram_prelude_triton, triton)
-from ladder.rules import KERNEL_RULES, rule_for
+from ladder.engine.rules import KERNEL_RULES
+from ladder.sides.reference_rules import rule_for
 from tests.test_kernels_cq_gemv import pack_by_hand
 from tests.test_kernels_norm_gemv import walsh128
 

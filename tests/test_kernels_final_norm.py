@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from kernels.final_norm import FinalNormError, final_norm_torch, final_norm_triton, triton
-from ladder.rules import KERNEL_RULES, rule_for
+from ladder.engine.rules import KERNEL_RULES
+from ladder.sides.reference_rules import rule_for
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(triton is None, reason="no Triton")

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from kernels.fwht import FwhtError, fwht_torch, fwht_triton, triton
-from ladder.rules import KERNEL_RULES, rule_for
+from ladder.engine.rules import KERNEL_RULES
+from ladder.sides.reference_rules import rule_for
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

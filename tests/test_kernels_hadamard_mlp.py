@@ -7,7 +7,8 @@ import torch
 
 from kernels.hadamard_mlp import (HadamardMlpError, hadamard_mlp_torch, hadamard_mlp_triton,
                                   triton)
-from ladder.rules import KERNEL_RULES, rule_for
+from ladder.engine.rules import KERNEL_RULES
+from ladder.sides.reference_rules import rule_for
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

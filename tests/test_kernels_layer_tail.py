@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kernels.layer_tail import LayerTailError, layer_tail_torch, layer_tail_triton, triton
-from ladder.rules import KERNEL_RULES, rule_for
+from ladder.engine.rules import KERNEL_RULES
+from ladder.sides.reference_rules import rule_for
 from tests.test_kernels_hadamard_mlp import float64_mlp
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from kernels.mhc_route import MhcRouteError, mhc_route_torch, mhc_route_triton, triton
-from ladder.rules import KERNEL_RULES, rule_for
+from ladder.engine.rules import KERNEL_RULES
+from ladder.sides.reference_rules import rule_for
 from port.model import log_sinkhorn
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -8,7 +8,8 @@ import torch
 
 from kernels.norm_gemv import (NormGemvError, norm_cq_gemv_torch, norm_cq_gemv_triton,
                                norm_gemv_torch, norm_gemv_triton, rms_norm_torch, triton)
-from ladder.rules import KERNEL_RULES, rule_for
+from ladder.engine.rules import KERNEL_RULES
+from ladder.sides.reference_rules import rule_for
 from port.model import unit_rms, zc
 from tests.test_kernels_cq_gemv import pack_by_hand
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from kernels.qk_rope_ring import QkRopeRingError, qk_rope_ring_torch, qk_rope_ring_triton, triton
-from ladder.rules import KERNEL_RULES, rule_for
+from ladder.engine.rules import KERNEL_RULES
+from ladder.sides.reference_rules import rule_for
 from port.model import V2Model, sigmoid, zc
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

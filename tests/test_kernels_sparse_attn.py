@@ -8,7 +8,8 @@ from hypothesis import given, strategies as st
 
 from kernels.sparse_attn import (SparseAttnError, sparse_attn, sparse_attn_torch,
                                  sparse_attn_triton, triton)
-from ladder.rules import KERNEL_RULES, rule_for
+from ladder.engine.rules import KERNEL_RULES
+from ladder.sides.reference_rules import rule_for
 
 needs_triton = pytest.mark.skipif(triton is None, reason="no Triton wheel on this platform")
 # Real launches on a GPU (tools/device_check.sh); the interpreter on CPU (tests/conftest.py).

@@ -6,7 +6,8 @@ import torch
 
 from kernels.v41.sparse_attn import (SparseAttnV41Error, sparse_attn_v41, sparse_attn_v41_torch,
                                      triton)
-from ladder.rules import KERNEL_RULES, rule_for
+from ladder.engine.rules import KERNEL_RULES
+from ladder.sides.reference_rules import rule_for
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -10,9 +10,9 @@ correct f32 implementations, the Sinkhorn plan 5e-6 (rules.py's measured reason)
 import pytest
 import torch
 
-from ladder.compare import compare_ladders
-from ladder.rules import DEFAULT_RULES
-from ladder.trace import Ladder
+from ladder.engine.compare import compare_ladders
+from ladder.engine.rules import DEFAULT_RULES
+from ladder.engine.trace import Ladder
 from ladder_common import clean_port_ladder, reference_ladder
 
 STATED = {"port/logits": 1e-5, "port/*": 3e-5, "port/L*.hres": 5e-6}

@@ -10,10 +10,10 @@ import xml.etree.ElementTree as ET
 import pandas as pd
 import pytest
 
-from ladder.cli import main
-from ladder.faults import FAULTS, planted
-from ladder.rules import DEFAULT_RULES, load_rules
-from ladder.trace import schedule
+from ladder.cli.main import main
+from ladder.sides.faults import FAULTS, planted
+from ladder.engine.rules import DEFAULT_RULES, load_rules
+from ladder.engine.trace import schedule
 from reference.params import save_params
 from ladder_common import FIXTURE, reference_ladder, setup
 
@@ -133,7 +133,7 @@ def test_no_c_compiler_names_the_torch_backend(monkeypatch, capsys):
 
 
 def test_fixture_by_name_from_any_directory(monkeypatch, tmp_path, capsys):
-    from ladder import fixtures
+    from ladder.sides import fixtures
     monkeypatch.chdir(tmp_path)
     rc, text = run("run", "--fixture", "v2_forward_vectors", "--no-check-plain")
     assert rc == 0 and "fixture " + os.path.abspath(os.path.join(ROOT, FIXTURE)) in text
@@ -172,7 +172,7 @@ def test_report_png_without_matplotlib_exits_2_and_writes_nothing(monkeypatch, t
 
 
 def test_regen_outside_the_checkout(monkeypatch, tmp_path, capsys):
-    from ladder import fixtures
+    from ladder.sides import fixtures
     monkeypatch.chdir(tmp_path)
     rc, text = run("regen", "--check")
     assert rc == 0 and "byte-identical" in text and list(tmp_path.iterdir()) == []
@@ -229,7 +229,7 @@ def test_regen_check_detects_a_changed_fixture(tmp_path):
 
 def test_progress_bar_draws_on_a_terminal_only():
     import io
-    from ladder.progress import Progress
+    from ladder.cli.progress import Progress
     tty = io.StringIO()
     with Progress(4, "capturing", stream=tty, enabled=True) as pb:
         for _ in range(4):
@@ -261,4 +261,4 @@ def test_the_help_calls_locates_scan_what_it_is(capsys):
     text = capsys.readouterr().out
     assert "bisect" not in text.lower() and "linear, forward" in text
     assert "bisect" not in open(os.path.join(os.path.dirname(__file__), "..", "ladder",
-                                             "cli.py"), encoding="utf-8").read()
+                                             "cli", "main.py"), encoding="utf-8").read()

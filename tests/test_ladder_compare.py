@@ -4,10 +4,10 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from ladder.compare import (CompareError, compare_ladders, compare_logits, compare_point,
-                            first_bit_difference, metrics)
-from ladder.rules import Rule, RuleSet
-from ladder.trace import Ladder, schedule
+from ladder.engine.compare import (CompareError, compare_ladders, compare_logits, compare_point,
+                                   first_bit_difference, metrics)
+from ladder.engine.rules import Rule, RuleSet
+from ladder.engine.trace import Ladder, schedule
 
 RS = RuleSet(rules={"t/*": Rule(0.1)})
 
@@ -155,7 +155,7 @@ def test_a_zero_reference_slice_reads_a_finite_error_and_is_the_worst():
     """Engram keys at position 0 are exact zeros in the reference: the default rules' floor
     keeps the allowance finite, so the error is v / ZERO_FLOOR, never `inf`, and the `worst:`
     line names the same row as the first divergence."""
-    from ladder.rules import DEFAULT_RULES, ZERO_FLOOR
+    from ladder.engine.rules import DEFAULT_RULES, ZERO_FLOOR
     a, b = _pair()
     b.values["prefill/embed"][0].zero_()
     a.values["prefill/embed"][0].zero_()
@@ -168,7 +168,7 @@ def test_a_zero_reference_slice_reads_a_finite_error_and_is_the_worst():
     assert cmp.first.key == cmp.worst().key == "prefill/embed"
     assert cmp.worst().error >= cmp.row("prefill", "L00.x").error > 1
     assert "inf" not in str(cmp).replace("info", "")
-    from ladder.table import summary, to_text
+    from ladder.engine.table import summary, to_text
     assert "inf" not in to_text(summary(cmp.to_frame()))
 
 

@@ -6,10 +6,10 @@ import functools
 import pytest
 import torch
 
-from ladder.capture import capture_port
-from ladder.compare import compare_ladders, first_bit_difference
-from ladder.faults import FAULTS, FaultError, _mutated_layer, planted
-from ladder.locate import locate
+from ladder.sides.capture import capture_port
+from ladder.engine.compare import compare_ladders, first_bit_difference
+from ladder.sides.faults import FAULTS, FaultError, _mutated_layer, planted
+from ladder.engine.locate import locate
 from ladder_common import clean_port_ladder, cq_file, port_model, reference_ladder, setup
 from port.model import V2Model
 
@@ -153,7 +153,7 @@ def test_triton_faults_on_a_short_schedule(name):
     # Triton attention runs under the interpreter on CPU: 8 positions (the window fills at
     # the 8th) instead of the sweep's 18, and the fault in what the kernel is handed (the
     # layer-math faults patch the same methods torch runs).
-    from ladder.capture import capture_reference
+    from ladder.sides.capture import capture_reference
     cfg, params, _, tokens, prompt = setup()
     tokens = tokens[:cfg.kv_window]
     ref = capture_reference(params, cfg, tokens, prompt)

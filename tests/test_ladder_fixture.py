@@ -7,12 +7,12 @@ import shutil
 import pytest
 import torch
 
-from ladder import fixtures
-from ladder.capture import capture_port, capture_reference
-from ladder.cli import main
-from ladder.compare import compare_ladders
-from ladder.rules import Rule, RuleSet
-from ladder.trace import ReferenceRecorder
+from ladder.sides import fixtures
+from ladder.sides.capture import capture_port, capture_reference
+from ladder.cli.main import main
+from ladder.engine.compare import compare_ladders
+from ladder.engine.rules import Rule, RuleSet
+from ladder.engine.trace import ReferenceRecorder
 from port.model import V2Model
 from reference.config import V2Config
 from ladder_common import FIXTURE

@@ -4,11 +4,11 @@ is not blamed on the layer where it first shows. And the numbers locate prints a
 comparison's first divergence (same position, same error)."""
 import contextlib
 
-from ladder.capture import capture_port
-from ladder.compare import compare_ladders, error_text
-from ladder.faults import planted
-from ladder.locate import locate
-from ladder.rules import DEFAULT_RULES, Rule, RuleSet
+from ladder.sides.capture import capture_port
+from ladder.engine.compare import compare_ladders, error_text
+from ladder.sides.faults import planted
+from ladder.engine.locate import locate
+from ladder.engine.rules import DEFAULT_RULES, Rule, RuleSet
 from ladder_common import port_model, reference_ladder, setup
 
 

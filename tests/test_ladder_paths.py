@@ -5,11 +5,11 @@ tracing; tracing them still changes no bit."""
 import pytest
 import torch
 
-from ladder.capture import BatchRecorder, PathError, capture_port
-from ladder.cli import main
-from ladder.compare import first_bit_difference
-from ladder.faults import PATH_FAULTS
-from ladder.trace import Ladder, PortRecorder, schedule
+from ladder.sides.capture import BatchRecorder, PathError, capture_port
+from ladder.cli.main import main
+from ladder.engine.compare import first_bit_difference
+from ladder.sides.path_faults import PATH_FAULTS
+from ladder.engine.trace import Ladder, PortRecorder, schedule
 from ladder_common import setup
 from port.batch import V2Batch
 from port.model import V2Model

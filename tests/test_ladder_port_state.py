@@ -2,7 +2,7 @@
 only when asked (and then it says so). A window bug in make_state() itself must fail the run."""
 import pytest
 
-from ladder.cli import main
+from ladder.cli.main import main
 from port.model import V2Model
 from port.state import V2State
 

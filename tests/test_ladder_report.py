@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 import torch
 
-from ladder.compare import compare_ladders
-from ladder.plot import growth_matrix, growth_plot
-from ladder.report import html, markdown
-from ladder.rules import Rule, RuleSet
-from ladder.table import COLUMNS, frame, summary, to_csv, to_markdown, to_text
-from ladder.trace import Ladder, schedule
+from ladder.engine.compare import compare_ladders
+from ladder.engine.plot import growth_matrix, growth_plot
+from ladder.engine.report import html, markdown
+from ladder.engine.rules import Rule, RuleSet
+from ladder.engine.table import COLUMNS, frame, summary, to_csv, to_markdown, to_text
+from ladder.engine.trace import Ladder, schedule
 
 RS = RuleSet(rules={"port/*": Rule(1e-3)})
 POINTS = ("embed", "L00.x", "L01.x", "L02.x", "logits")
@@ -135,15 +135,15 @@ def test_svg_subtitle_clears_the_column_labels():
 
 @pytest.mark.parametrize("where", ["figure", "csv"])
 def test_a_failing_report_leaves_no_file_behind(tmp_path, monkeypatch, where):
-    import ladder.plot
-    import ladder.report
+    import ladder.engine.plot
+    import ladder.engine.report
 
     def boom(*a, **k):
         raise (ImportError if where == "figure" else OSError)("no")
     if where == "figure":       # --plot png without matplotlib: fails while rendering
-        monkeypatch.setattr(ladder.plot, "png_matplotlib", boom)
+        monkeypatch.setattr(ladder.engine.plot, "png_matplotlib", boom)
     else:                       # a write error after the markdown is already on disk
-        monkeypatch.setattr(ladder.report, "to_csv", boom)
+        monkeypatch.setattr(ladder.engine.report, "to_csv", boom)
     with pytest.raises((ImportError, OSError)):
-        ladder.report.write_report(_pair({}), tmp_path, plot_backend="png")
+        ladder.engine.report.write_report(_pair({}), tmp_path, plot_backend="png")
     assert list(tmp_path.iterdir()) == []

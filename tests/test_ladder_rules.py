@@ -4,9 +4,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from ladder.rules import (DEFAULT_RULES, PORT_RULES, REFERENCE_RULES, LogitsRule, Rule,
-                          RuleSet, RulesError, dump_rules, load_rules, rule_for,
-                          rules_from_dict)
+from ladder.engine.rules import DEFAULT_RULES, PORT_RULES, LogitsRule, Rule, RuleSet, RulesError, dump_rules, load_rules, rules_from_dict
+from ladder.sides.reference_rules import REFERENCE_RULES, rule_for
 
 
 @given(st.integers(1, 4), st.integers(1, 40), st.sampled_from(["maxabs", "elementwise"]),

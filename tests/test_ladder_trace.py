@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from ladder.capture import capture_port, capture_reference
-from ladder.trace import (Ladder, PortRecorder, ReferenceRecorder, TraceError, is_coarse,
-                          layer_of, schedule)
+from ladder.sides.capture import capture_port, capture_reference
+from ladder.engine.trace import (Ladder, PortRecorder, ReferenceRecorder, TraceError, is_coarse,
+                                 layer_of, schedule)
 from reference.decode import COARSE
 from ladder_common import clean_port_ladder, reference_ladder, setup
 

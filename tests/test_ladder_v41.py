@@ -9,8 +9,8 @@ import torch
 
 from safetensors.torch import load_file, save_file
 
-from ladder.cli import main, parser
-from ladder.v41 import DEFAULT_STEM
+from ladder.cli.main import main, parser
+from ladder.v41.sides import DEFAULT_STEM
 
 
 def run(*argv):
@@ -201,7 +201,7 @@ def test_report_writes_md_csv_html_with_plot(tmp_path):
 def test_exact_rule_kind(tmp_path):
     """The exact rule (index tensors): equal in their own dtype passes, any one difference
     fails at its position, it allows no tolerance, and it survives a TOML round trip."""
-    from ladder.rules import V41_RULESET, V41_SIDES, Rule, RulesError, dump_rules, load_rules
+    from ladder.engine.rules import V41_RULESET, V41_SIDES, Rule, RulesError, dump_rules, load_rules
     rule = V41_RULESET.for_point("v41_port/L03.topk_idxs")
     assert rule.exact and rule.describe() == "exact (torch.equal)"
     a = torch.tensor([[3, 4, -1], [5, 6, 7]])
@@ -223,7 +223,7 @@ def test_exact_rule_kind(tmp_path):
 def test_rules_command_prints_the_v41_rules(tmp_path):
     """`ladder rules --model attn_v41` prints V41_RULES as a file --rules reads back unchanged
     (a starting point for a V4.1 rules file); the default is still needle v2's."""
-    from ladder.rules import COMPARED_SIDES, DEFAULT_RULES, V41_RULESET, V41_SIDES, load_rules
+    from ladder.engine.rules import COMPARED_SIDES, DEFAULT_RULES, V41_RULESET, V41_SIDES, load_rules
     for model, want, sides in (("attn_v41", V41_RULESET, V41_SIDES),
                                ("needle_v2", DEFAULT_RULES, COMPARED_SIDES)):
         rc, text = run("rules", "--model", model)

@@ -13,7 +13,8 @@ import torch
 from hypothesis import given, strategies as st
 
 from kernels import native
-from ladder.rules import KERNEL_RULES, PORT_RULES, max_rel, rule_for
+from ladder.engine.rules import KERNEL_RULES, PORT_RULES
+from ladder.sides.reference_rules import max_rel, rule_for
 from port.batch import V2Batch
 from port.model import V2Model, log_sinkhorn
 from reference import cact

@@ -4,8 +4,8 @@ layer i from the native step's own inputs gives the native step's own values bit
 import pytest
 import torch
 
-from ladder.cli import main
-from ladder.trace import point_name
+from ladder.cli.main import main
+from ladder.engine.trace import point_name
 from port.model import V2Model
 from reference import cact
 
@@ -54,7 +54,7 @@ def test_step_layer_reruns_the_c_layer_bit_for_bit(native_model, tiny_cfg, layer
 
 def test_step_layer_changes_with_the_c_code_not_the_torch_code(tiny_cfg, tiny_params):
     # The torch layer planted with a fault must not move the native re-run (it is not run).
-    from ladder.faults import planted
+    from ladder.sides.faults import planted
     model = V2Model.from_params(tiny_params, tiny_cfg, backend="native")
     state = model.make_state()
     for t in (5, 9, 11):
@@ -91,7 +91,8 @@ def test_run_plant_demo_exits_1_at_the_planted_point(capsys):
 
 
 def test_list_faults_and_unplantable_faults(capsys):
-    from ladder.faults import FAULTS, PATH_FAULTS
+    from ladder.sides.faults import FAULTS
+    from ladder.sides.path_faults import PATH_FAULTS
     lines = []
     assert main(["run", "--list-faults"], out=lines.append) == 0
     lines = "\n".join(lines).splitlines()

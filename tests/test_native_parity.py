@@ -6,9 +6,9 @@ import functools
 
 import pytest
 
-from ladder.capture import capture_port
-from ladder.compare import compare_ladders
-from ladder.rules import DEFAULT_RULES
+from ladder.sides.capture import capture_port
+from ladder.engine.compare import compare_ladders
+from ladder.engine.rules import DEFAULT_RULES
 from ladder_common import cq_file, setup
 from port.model import V2Model
 

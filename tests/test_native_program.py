@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kernels import native
-from ladder.cli import main
-from ladder.trace import Ladder
+from ladder.cli.main import main
+from ladder.engine.trace import Ladder
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler here")
 
@@ -56,7 +56,7 @@ def test_a_planted_c_fault_is_located_from_the_dump_alone(tmp_path, capsys):
 def _image(tmp_path):
     """A real image, as dump native-exe writes it, and the program built clean."""
     import argparse
-    from ladder.compare_cli import native_exe_image
+    from ladder.cli.compare import native_exe_image
     from reference.config import V2Config
     from reference.params import init_params
     cfg = V2Config.preset("tiny")

@@ -1,7 +1,7 @@
 """What a newcomer trips on (issue 24, section 3): each test fails without its fix."""
 import importlib
 
-from ladder.cli import main
+from ladder.cli.main import main
 
 
 def run(*argv):
@@ -11,14 +11,15 @@ def run(*argv):
 
 
 def test_ladder_locate_is_the_function_and_its_module_stays_importable():
-    mod = importlib.import_module("ladder.locate")
+    mod = importlib.import_module("ladder.engine.locate")
     from ladder import locate
     assert callable(locate) and locate is mod.locate
     import ladder.locate  # noqa: F401  (binding the submodule must not replace the function)
     import ladder
     assert ladder.locate is mod.locate
-    from ladder.locate import Location, locate as again
+    from ladder.locate import Location, locate as again       # the flat layout's path
     assert again is mod.locate and Location is mod.Location
+    assert importlib.import_module("ladder.locate") is mod      # one module, two paths
 
 
 def test_fixture_given_by_its_safetensors_file_names_the_right_files(tmp_path, capsys):
@@ -45,8 +46,8 @@ def test_header_names_the_true_ring_and_window(monkeypatch):
 
 def test_bfloat16_and_float16_values_are_compared_as_float32_and_said_so():
     import torch
-    from ladder.compare import compare_ladders
-    from ladder.trace import Ladder
+    from ladder.engine.compare import compare_ladders
+    from ladder.engine.trace import Ladder
     from ladder_common import reference_ladder
     ref = reference_ladder()
     for dt in (torch.bfloat16, torch.float16):
@@ -86,7 +87,7 @@ def _fixture_copy(tmp_path, name="v2_forward_vectors"):
 
 def test_regen_refuses_to_overwrite_the_committed_fixture_from_other_inputs(
         monkeypatch, tmp_path, capsys):
-    from ladder import fixtures
+    from ladder.sides import fixtures
     stem = _fixture_copy(tmp_path)          # stands in for the checkout's committed fixture
     monkeypatch.setattr(fixtures, "REPO_FIXTURES", str(tmp_path))
     before = [open(f"{stem}{ext}", "rb").read() for ext in (".json", ".safetensors")]
@@ -105,7 +106,7 @@ def test_regen_refuses_to_overwrite_the_committed_fixture_from_other_inputs(
 def test_regen_check_names_the_first_differing_field_or_tensor(tmp_path):
     import json
     import torch
-    from ladder import fixtures
+    from ladder.sides import fixtures
     from reference.params import load_safetensors
     stem = _fixture_copy(tmp_path, "fx")
     m = json.loads(open(f"{stem}.json").read())
@@ -130,12 +131,12 @@ def test_regen_check_names_the_first_differing_field_or_tensor(tmp_path):
 
 
 def test_fixture_stands_in_for_the_reference_which_does_not_run(monkeypatch):
-    import ladder.cli
+    import ladder.cli.commands
     from ladder_common import FIXTURE
 
     def live(*a, **k):
         raise AssertionError("the reference ran live beside --fixture")
-    monkeypatch.setattr(ladder.cli, "capture_reference", live)
+    monkeypatch.setattr(ladder.cli.commands, "capture_reference", live)
     rc, text = run("run", "--fixture", FIXTURE)
     assert rc == 0, text
     assert f"reference: not run; fixture {FIXTURE} stands in (reference.decode.forward_cached " \
@@ -161,8 +162,8 @@ def test_a_fixture_not_written_by_the_reference_is_refused(tmp_path, capsys):
 
 def test_report_explains_growth_and_wraps_long_pre_lines():
     import re
-    from ladder.compare import compare_ladders
-    from ladder.report import html, markdown
+    from ladder.engine.compare import compare_ladders
+    from ladder.engine.report import html, markdown
     from ladder_common import clean_port_ladder, reference_ladder
     cmp = compare_ladders(clean_port_ladder(), reference_ladder())
     page, text = html(cmp, plot_backend="svg"), markdown(cmp)
@@ -178,11 +179,11 @@ def test_readme_says_why_the_tiny_examples_repeat_one_id():
     from reference import V2Config, init_params
     from reference.decode import generate
     readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "README.md"), encoding="utf-8").read()
+                               "docs", "python-api.md"), encoding="utf-8").read()
     port_block = readme.index("print(next_id, int(logits.argmax())")
     why = re.search(r"The ids printed here and below repeat \(`0 0 \.\.\.`, `\[42, 42, \.\.\.\]`"
                     r"\) because the tiny model's\s+weights are random, not trained", readme)
-    assert why and why.start() > port_block, "README does not say why the tiny ids repeat"
+    assert why and why.start() > port_block, "docs/python-api.md does not say why the ids repeat"
     assert readme.index("print(generate(params, cfg, [5, 17, 42], 10))") > why.start()
     cfg = V2Config.preset("tiny")          # what the sentence claims, on the README's inputs
     assert generate(init_params(cfg, seed=0, perturbed=True), cfg, [5, 17, 42], 10) == [42] * 10
@@ -255,9 +256,9 @@ def test_readme_tools_table_gives_each_tool_an_expected_runtime():
     import os
     import re
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
-    row = next(ln for ln in readme.splitlines() if ln.startswith("| `tools/` |"))
-    found = list(re.finditer(r"`([\w-]+\.(?:py|sh))`", row))
+    readme = open(os.path.join(root, "docs", "design.md"), encoding="utf-8").read()
+    row = readme.split("\n## Tools\n", 1)[1].split("\n## ", 1)[0]     # its list of tools
+    found = list(re.finditer(r"^- `([\w-]+\.(?:py|sh))`", row, re.M))
     names = [m.group(1) for m in found]
     listed = {f for f in os.listdir(os.path.join(root, "tools"))
               if f.endswith((".py", ".sh")) and f not in ("gpu_timing.py",

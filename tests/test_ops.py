@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from ladder.rules import rule_for
+from ladder.sides.reference_rules import rule_for
 
 from reference.ops import (apply_rope, engram_indices, hadamard_mlp, rms_unit, rope_tables,
                            sinkhorn, walsh_matrix, zcrms)

@@ -1,4 +1,4 @@
-"""Package boundaries (README): the reference imports nothing from port/, kernels/ or ladder/
+"""Package boundaries (docs/design.md, "Layout"): the reference imports nothing from port/, kernels/ or ladder/
 (it is the specification, and must know nothing of the harness); kernels/ imports neither
 side; port/ takes from reference/ only the description (config, params, cact)."""
 import ast
@@ -33,7 +33,7 @@ def test_package_imports_none_of_the_forbidden(package):
 
 def test_the_reference_self_checks_are_the_harness_rules():
     """ladder/rules.py takes the reference's self-check bounds over: same bound, same verdict."""
-    from ladder.rules import REFERENCE_RULES
+    from ladder.sides.reference_rules import REFERENCE_RULES
     from reference.self_checks import SELF_CHECKS, within
     g = torch.Generator().manual_seed(0)
     b = torch.randn(3, 50, generator=g)

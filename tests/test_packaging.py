@@ -1,6 +1,6 @@
 """The project as installed, not as checked out: a non-editable install must carry every file
 the code reads at run time (the native step's C sources and header), and its packages must
-export the public API the README uses."""
+export the public API the README and docs/python-api.md use."""
 import os
 import subprocess
 import sys
@@ -58,7 +58,7 @@ def test_public_api_from_package_roots():
     from reference import V2Config, forward_cached, init_params, read_cact
     from reference.decode import forward_cached as fc
     from ladder import capture_port, capture_reference, compare_ladders, load_rules
-    from ladder.compare import compare_ladders as cl
+    from ladder.engine.compare import compare_ladders as cl
     assert (V2Model, V2Batch, forward_cached, compare_ladders) == (M, B, fc, cl)
     assert all(callable(x) for x in (V2State, CqWeight, V2Config, init_params, read_cact,
                                      capture_port, capture_reference, load_rules))

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from kernels import native
-from ladder.namemap import load_map
-from ladder.points import COARSE, LAYER, POINTS, SITE, WHOLE, native_table
+from ladder.formats.namemap import load_map
+from ladder.model.points import COARSE, LAYER, POINTS, SITE, WHOLE, native_table
 from reference.config import V2Config
 
 CFG = V2Config.preset("tiny")
@@ -44,7 +44,7 @@ def test_the_c_programs_layer_order_is_the_registrys():
 
 
 def test_needle_rs_names_are_registry_names_in_registry_order():
-    from ladder import needle_rs
+    from ladder.formats import needle_rs
     assert set(needle_rs.LAYER_ORDER) == set(COARSE)
     assert set(needle_rs.TAIL) | {"embed"} <= set(WHOLE_NAMES)
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from kernels import native
-from ladder import points
-from ladder.capture import capture_port
-from ladder.faults import _mutated_layer
-from ladder.trace import Ladder, TraceError
+from ladder.model import points
+from ladder.sides.capture import capture_port
+from ladder.sides.faults import _mutated_layer
+from ladder.engine.trace import Ladder, TraceError
 from ladder_common import clean_port_ladder, reference_ladder, setup
 from port.model import V2Model
 

@@ -2,7 +2,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from ladder.rules import PORT_RULES, max_rel, rule_for
+from ladder.engine.rules import PORT_RULES
+from ladder.sides.reference_rules import max_rel, rule_for
 from port.batch import V2Batch
 from port.model import StepError, V2Model
 from port.state import StateError

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from ladder.rules import PORT_RULES, rule_for
+from ladder.engine.rules import PORT_RULES
+from ladder.sides.reference_rules import rule_for
 from port import V2Model
 from reference import heads
 

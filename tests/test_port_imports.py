@@ -106,7 +106,7 @@ def test_the_check_sees_a_circle():
 # Modules allowed to test a backend's or decode mode's name: the place that picks the port's
 # backend, the V4.1 runtime's own constructor (which picks its ring kernel and graphs there),
 # and the plot module, whose `backend` is matplotlib's, not the port's.
-NAME_TESTS_ALLOWED = {"port/backend.py", "port/v41/attn.py", "ladder/plot.py"}
+NAME_TESTS_ALLOWED = {"port/backend.py", "port/v41/attn.py", "ladder/engine/plot.py"}
 
 
 def name_tests(path: str) -> list:

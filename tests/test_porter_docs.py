@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
-from ladder.cli import main
-from ladder.trace import Ladder
+from ladder.cli.main import main
+from ladder.engine.trace import Ladder
 from ladder_common import reference_ladder, setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,7 +59,7 @@ def test_params_sha256_follows_its_documented_recipe(tmp_path):
 def test_the_weight_identity_line_says_what_was_checked_and_what_was_absent(tmp_path, capsys):
     from safetensors.torch import save_file
     from reference.params import load_safetensors
-    from ladder import archive
+    from ladder.engine import archive
     out = tmp_path / "d.safetensors"
     assert main(["dump", "torch", "--out", str(out), "--prompt-len", "2", "--steps", "1"]) == 0
     capsys.readouterr()

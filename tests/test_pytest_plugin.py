@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ladder.faults import FAULTS
+from ladder.sides.faults import FAULTS
 from reference.config import V2Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,7 +99,7 @@ def test_toy(ladder_check):
 
 
 def test_a_clean_protocol_port_passes_and_a_dump_is_judged_too(inner, tmp_path):
-    from ladder.cli import main
+    from ladder.cli.main import main
     dump = tmp_path / "toy.safetensors"
     assert main(["dump", "port", "--port", "ports.toy_port:build", "--out", str(dump),
                  "--prompt-len", "3", "--steps", "2"]) == 0
@@ -225,8 +225,8 @@ def test_a_bad_fixture_name_is_refused(inner):
 
 def test_the_readme_example_runs_and_prints_the_summary_it_shows(inner):
     import re
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    section = readme.split("## In your CI (pytest)", 1)[1].split("\n## ", 1)[0]
+    # the plugin's page (the README points there): its example suite and its sample summary
+    section = open(os.path.join(ROOT, "docs", "pytest.md"), encoding="utf-8").read()
     code = next(b for b in re.findall(r"```python\n(.*?)```", section, re.S)
                 if b.startswith("# test_parity.py"))
     shown = re.search(r"```\n(=+ needle-parity ladder =+\n.*?)```", section, re.S).group(1)
@@ -242,7 +242,7 @@ def test_the_readme_example_runs_and_prints_the_summary_it_shows(inner):
                        r"(prefill|decode\d\d)/L\d\d\.\w+ \(test_parity\.py::\w+\)")
     for line in shown.strip().splitlines():
         if line.startswith("worst fraction of allowance:"):
-            assert worst.fullmatch(line), line                  # the README's own sample
+            assert worst.fullmatch(line), line                  # the page's own sample
             got = [m for m in map(worst.fullmatch, second.stdout.lines) if m]
             assert len(got) == 1, second.stdout.str()
             assert 0.0 < float(got[0].group(1)) < 1.0           # both cases pass
@@ -310,7 +310,7 @@ def test_wrong_values_are_refused_naming_them(inner, call, needle):
 
 def test_a_call_overrides_the_marker_and_a_recording_may_have_a_colon_in_its_name(inner,
                                                                                    tmp_path):
-    from ladder.cli import main
+    from ladder.cli.main import main
     dump = tmp_path / "run:1.safetensors"
     assert main(["dump", "torch", "--out", str(dump), "--prompt-len", "3", "--steps", "1"]) == 0
     inner.makepyfile(test_c=f'''
@@ -353,7 +353,7 @@ def test_the_summary_follows_the_outcome_and_says_why_nothing_was_compared(inner
 
 
 def test_a_golden_manifest_field_of_the_wrong_type_reads_as_unreadable(inner):
-    from ladder.judge import ModelUnderTest, capture, save_trace
+    from ladder.sides.judge import ModelUnderTest, capture, save_trace
     inner.makepyfile(test_w=f"def test_w(ladder_fixture):\n    ladder_fixture('g', {SHORT})\n")
     model = ModelUnderTest.build()
     cap = capture(model.our_port(), model, prompt_len=3, steps=2)
@@ -361,7 +361,7 @@ def test_a_golden_manifest_field_of_the_wrong_type_reads_as_unreadable(inner):
     save_trace(cap, model, path)
     inner.runpytest().assert_outcomes(passed=1)
     cap.obtained.save(path, producer={}, geometry=cap.obtained.meta.get("geometry") or
-                      __import__("ladder.geometry", fromlist=["x"]).geometry_of(model.cfg),
+                      __import__("ladder.model.geometry", fromlist=["x"]).geometry_of(model.cfg),
                       kv_window=cap.window, weights={"params_sha256": 12345},
                       prompt_len=cap.prompt_len)
     res = inner.runpytest()
@@ -371,7 +371,7 @@ def test_a_golden_manifest_field_of_the_wrong_type_reads_as_unreadable(inner):
 
 def test_two_writers_of_one_archive_never_share_a_temporary_file(tmp_path, monkeypatch):
     import safetensors.torch as st
-    from ladder.judge import ModelUnderTest, capture, save_trace
+    from ladder.sides.judge import ModelUnderTest, capture, save_trace
     model = ModelUnderTest.build()
     cap = capture(model.our_port(), model, prompt_len=2, steps=0)
     seen, real = [], st.save_file

@@ -1,6 +1,7 @@
-"""README.md as a user runs it: every python block executes as written, every shell command
-names a command and flags that exist (the ladder's and the bench's flags go through their own
-parsers and argument checks), and every ladder flag is documented."""
+"""README.md and the docs/ pages it points into, as a user runs them: every python block
+executes as written, every shell command names a command and flags that exist (the ladder's and
+the bench's flags go through their own parsers and argument checks), and every ladder flag is
+documented."""
 import contextlib
 import importlib.util
 import io
@@ -12,14 +13,18 @@ import sys
 
 import pytest
 
-from ladder.cli import parser as ladder_parser
+from ladder.cli.main import parser as ladder_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+# the README and every docs page: the examples and the flag tables live in docs/
+DOCS = [README] + [open(os.path.join(ROOT, "docs", f), encoding="utf-8").read()
+                   for f in sorted(os.listdir(os.path.join(ROOT, "docs"))) if f.endswith(".md")]
+TEXT = "\n".join(DOCS)
 
 
 def _blocks(lang):
-    return re.findall(rf"```{lang}\n(.*?)```", README, re.S)
+    return [b for doc in DOCS for b in re.findall(rf"```{lang}\n(.*?)```", doc, re.S)]
 
 
 def _commands():
@@ -56,7 +61,8 @@ def test_python_blocks_run_as_written():
 
 
 def test_shell_commands_exist_and_their_flags_parse(tmp_path, monkeypatch, pytestconfig):
-    from ladder.args import check, check_model
+    from ladder.cli.args import check_model
+    from ladder.cli.main import check_command as check
     from reference import V2Config
     with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:  # no tomllib on 3.10
         section = f.read().split("[project.optional-dependencies]")[1].split("\n[")[0]
@@ -73,7 +79,7 @@ def test_shell_commands_exist_and_their_flags_parse(tmp_path, monkeypatch, pytes
         if head[:3] == ["python", "-m", "ladder"]:
             args = ladder_parser().parse_args(argv[3:])    # SystemExit fails the test
             check(args)                                     # the CLI's own argument checks
-            if args.cmd not in ("rules", "sweep") and not (args.params or args.cact):
+            if args.cmd not in ("rules", "sweep", "points") and not (args.params or args.cact):
                 check_model(args, V2Config.preset(args.preset))
             seen.add("ladder")
         elif head[:3] == ["python", "-m", "reference"]:
@@ -119,4 +125,4 @@ def test_every_ladder_flag_is_documented():
         for action in p._actions:
             for opt in action.option_strings:
                 if opt.startswith("--") and opt != "--help":
-                    assert f"`{opt}" in README or f"{opt} " in README, (name, opt)
+                    assert f"`{opt}" in TEXT or f"{opt} " in TEXT, (name, opt)

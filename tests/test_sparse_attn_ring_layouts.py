@@ -12,7 +12,8 @@ from hypothesis import given, settings, strategies as st
 
 from kernels.ring import window_topk_idxs
 from kernels.sparse_attn import BLOCK, sparse_attn_torch, sparse_attn_triton, triton
-from ladder.rules import KERNEL_RULES, rule_for
+from ladder.engine.rules import KERNEL_RULES
+from ladder.sides.reference_rules import rule_for
 from test_kernels_sparse_attn import plain as float64_attention
 
 needs_triton = pytest.mark.skipif(triton is None, reason="no Triton wheel on this platform")

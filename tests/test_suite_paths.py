@@ -4,7 +4,7 @@ import ast
 import glob
 import os
 
-from ladder import fixtures
+from ladder.sides import fixtures
 from ladder_common import FIXTURE
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ladder.cli import main
+from ladder.cli.main import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT)        # the subprocesses import this checkout
@@ -225,18 +225,18 @@ def test_merge_refuses_other_grids_disagreeing_rows_and_missing_cases(tmp_path, 
 
 @needs_toml
 def test_the_documented_grid_expands_and_validates(capsys):
-    from ladder.sweep import validate_cases
-    from ladder.sweep_grid import load_grid, shard_cases
+    from ladder.sweep.command import validate_cases
+    from ladder.sweep.grid import load_grid, shard_cases
     grid = load_grid(os.path.join(ROOT, "docs", "sweep-tiny.toml"))
     validate_cases(grid)
     assert len(grid.cases) == 28 and len({c.id for c in grid.cases}) == 28
     parts = [shard_cases(grid.cases, k, 3) for k in (1, 2, 3)]
     assert sorted(c.index for p in parts for c in p) == list(range(28))
     assert [len(p) for p in parts] == [10, 9, 9]
-    # README's "Sweeps" shows this grid: the same tables, whatever the comments say
+    # docs/sweeps.md shows this grid: the same tables, whatever the comments say
     import tomllib
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    shown = tomllib.loads(re.search(r"## Sweeps.*?```toml\n(.*?)```", readme, re.S).group(1))
+    page = open(os.path.join(ROOT, "docs", "sweeps.md"), encoding="utf-8").read()
+    shown = tomllib.loads(re.search(r"```toml\n(.*?)```", page, re.S).group(1))
     with open(os.path.join(ROOT, "docs", "sweep-tiny.toml"), "rb") as f:
         shipped = tomllib.load(f)
     for table in ("grid", "fixed", "exclude"):
@@ -258,7 +258,7 @@ def test_dry_run_lists_the_shard_and_writes_nothing(tmp_path, capsys):
 @needs_toml
 def test_a_case_that_fails_to_run_is_an_error_row_and_the_sweep_goes_on(tmp_path, capsys,
                                                                        monkeypatch):
-    from ladder import cli
+    from ladder.cli import commands as cli
     real = cli.compare_run
 
     def flaky(args, out=print):
@@ -311,7 +311,7 @@ steps = 1
     assert "ToyPort" in toy["port"] and "torch" in ours["port"]
     f = buggy["first_divergence"]
     assert (f["point"], f["position"], f["kind"]) == ("L02.hpost", 0, "own")
-    from ladder.trace import Ladder
+    from ladder.engine.trace import Ladder
     lad = Ladder.load(out / buggy["archive"]["path"])
     assert lad.meta["producer"]["backend"] == "ports.toy_port:build_buggy"
     assert len(lad.tokens) == 4
@@ -369,7 +369,7 @@ def test_a_killed_pool_sweep_takes_its_workers_with_it(tmp_path, capsys):
 
 
 @needs_toml
-@pytest.mark.skipif(__import__("ladder.sweep").sweep.cpus() < 2, reason="--threads 2")
+@pytest.mark.skipif(__import__("ladder.sweep.command").sweep.command.cpus() < 2, reason="--threads 2")
 def test_the_same_grid_at_other_thread_counts_merges(tmp_path, capsys):
     """`threads` and the thread count in `port` follow --threads, not the case: merge leaves
     them out, as `timing` (the tiny preset's numbers do not move with the thread count)."""
@@ -384,6 +384,6 @@ def test_the_same_grid_at_other_thread_counts_merges(tmp_path, capsys):
     capsys.readouterr()
     assert main(["sweep", "--merge", str(tmp_path / "t1"), str(tmp_path / "t2"), "--out",
                  str(tmp_path / "m")]) == 1, capsys.readouterr().err
-    from ladder.sweep_row import run_env_free
+    from ladder.sweep.row import run_env_free
     assert list(map(run_env_free, one)) == list(map(run_env_free, two))
     assert _rows(tmp_path / "m") == one                 # the first directory's rows

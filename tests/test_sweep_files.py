@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ladder.cli import main
+from ladder.cli.main import main
 
 pytestmark = pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib is Python 3.11+")
 GRID = """[grid]
@@ -80,8 +80,8 @@ BAD_ROWS = [                  # (case, change to its row, the field the error mu
 
 @pytest.mark.parametrize("case, change, msg", BAD_ROWS)
 def test_a_bad_row_is_refused_by_merge_and_not_done_on_resume(copy, capsys, case, change, msg):
-    from ladder.sweep_grid import load_grid
-    from ladder.sweep_row import read_row
+    from ladder.sweep.grid import load_grid
+    from ladder.sweep.row import read_row
     d, grid, results = copy
     results[case].write_text(json.dumps(change(_row(results[case]))))
     rc, err = _merge(d, capsys)
@@ -92,7 +92,7 @@ def test_a_bad_row_is_refused_by_merge_and_not_done_on_resume(copy, capsys, case
 
 
 def test_a_row_of_another_case_is_refused(copy, capsys):
-    from ladder.sweep_row import ROW_FIELDS
+    from ladder.sweep.row import ROW_FIELDS
     d, grid, (a, b) = copy
     assert tuple(_row(a)) == tuple(_row(b)) == ROW_FIELDS      # what check_row insists on
     b.write_text(json.dumps(dict(_row(b), index=0)))

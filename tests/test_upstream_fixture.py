@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from ladder.rules import max_rel, rule_for
+from ladder.sides.reference_rules import max_rel, rule_for
 from reference import architecture, heads
 from reference.config import V2Config
 from reference.decode import forward_cached, init_kv_cache

@@ -41,9 +41,9 @@ def child(mode: str, a: str, b: str) -> dict:
     import torch
     torch.set_flush_denormal(True)
     torch.set_num_threads(1)
-    from ladder.compare import compare_ladders
-    from ladder.rules import DEFAULT_RULES
-    from ladder.trace import Ladder
+    from ladder.engine.compare import compare_ladders
+    from ladder.engine.rules import DEFAULT_RULES
+    from ladder.engine.trace import Ladder
     la, lb = Ladder.load(a, lazy=mode == "stream"), Ladder.load(b, lazy=mode == "stream")
     largest = 0
     for st in lb.steps:

@@ -43,7 +43,7 @@ from reference import cact                                       # noqa: E402
 from reference.config import V2Config                            # noqa: E402
 from reference.decode import forward_cached, init_kv_cache       # noqa: E402
 from reference.params import init_params                         # noqa: E402
-from ladder.progress import Stages                               # noqa: E402
+from ladder.cli.progress import Stages                               # noqa: E402
 
 PROMPT = 256
 

@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench_decode import check_outputs, save                   # noqa: E402
 from gpu_timing import cpu_sync, median_us                     # noqa: E402
-from ladder.progress import Stages                             # noqa: E402
+from ladder.cli.progress import Stages                             # noqa: E402
 from reference.config import V2Config                           # noqa: E402
 
 BACKENDS, DECODES, WEIGHTS = ("torch", "triton"), ("eager", "graph"), ("dense", "cq")

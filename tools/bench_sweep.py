@@ -5,7 +5,7 @@
 
 Builds a grid of --cases tiny-preset cases (seeds 0..N-1, dense weights, no plain check: the
 work of a real sweep at its smallest) and runs it through the sweep's own runner
-(`ladder.sweep.run_cases`: in this process at -j 1, a pool of spawned workers above), each
+(`ladder.sweep.command.run_cases`: in this process at -j 1, a pool of spawned workers above), each
 measurement into a fresh directory, so nothing is resumed. The -j values are measured side
 by side in one run, alternating (1, 2, then 2, 1, ...), so a load that comes and goes on a
 shared machine falls on both; each is the median of --repeats. Timed: from the first case
@@ -46,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
 
 def check_args(args) -> list:
     """The -j values, or SystemExit naming the bad flag, before any measurement."""
-    from ladder.sweep import cpus
+    from ladder.sweep.command import cpus
     try:
         jobs = [int(j) for j in args.jobs.split(",")]
     except ValueError:
@@ -75,9 +75,9 @@ def main(argv=None) -> int:
     jobs = check_args(args)
     import torch
     torch.set_flush_denormal(True)
-    from ladder.progress import Stages
-    from ladder.sweep import cpus, jobs_for, run_cases, validate_cases
-    from ladder.sweep_grid import load_grid
+    from ladder.cli.progress import Stages
+    from ladder.sweep.command import cpus, jobs_for, run_cases, validate_cases
+    from ladder.sweep.grid import load_grid
     say = Stages("bench_sweep")
     tmp = tempfile.mkdtemp(prefix="bench-sweep-")
     try:                    # every measurement's directory: archives of every case, MBs

@@ -18,7 +18,7 @@ with the --cact checkpoint's tokenizer), which its v2_forward_parity test reads 
 """
 import sys
 
-from ladder.cli import main
+from ladder.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["regen"] + sys.argv[1:]))

@@ -108,7 +108,7 @@ def fixture_copy(tmp, name, change=None, json_target=None) -> str:
 def cases(tmp) -> list:
     """(name, argv) for every case of the issue, in its order."""
     import torch
-    from ladder.rules import DEFAULT_RULES, dump_rules
+    from ladder.engine.rules import DEFAULT_RULES, dump_rules
     c = []
     cact = lambda name, **f: LADDER + ["--cact", patched_cact(tmp, name, **f)]
     c.append(("cact max_seq_len=2^26", cact("seq26", max_seq_len=2 ** 26)))

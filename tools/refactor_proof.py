@@ -62,7 +62,7 @@ def put_trace(rec, key, tr):
 
 def run_config(rec, params, cfg, weights, backend, decode, tokens, prompt):
     from port import V2Batch, V2Model
-    from ladder.capture import BatchRecorder, capture_port  # noqa: F401
+    from ladder.sides.capture import BatchRecorder, capture_port  # noqa: F401
     tag = f"{weights}/{backend}/{decode}"
     model = V2Model.from_params(params, cfg, weights, backend=backend, decode=decode)
     # plain: prefill_batch + step

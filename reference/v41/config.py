@@ -57,7 +57,7 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _short(v) -> str:
+def short_repr(v) -> str:
     """repr(v), cut to 80 characters (a hostile value may be a long list); lone surrogates from
     a JSON escape are shown escaped by repr already."""
     r = repr(v)
@@ -129,7 +129,7 @@ class V41Args:
                 # strict: a string would iterate its characters, a float would truncate
                 if not (isinstance(v, (list, tuple)) and len(v) <= MAX_LIST
                         and all(_is_int(x) and abs(x) <= MAX_INT for x in v)):
-                    raise V41ConfigError(f"{f.name}={_short(v)} must be a sequence of at most "
+                    raise V41ConfigError(f"{f.name}={short_repr(v)} must be a sequence of at most "
                                          f"{MAX_LIST} integers in -{MAX_INT}..{MAX_INT}")
                 v = tuple(v)
             vals[f.name] = v
@@ -153,19 +153,19 @@ class V41Args:
         for name, lo in _INT_FIELDS.items():
             v = getattr(self, name)
             need(_is_int(v) and lo <= v <= MAX_INT,
-                 f"{name}={_short(v)} ({type(v).__name__}) must be an integer in "
+                 f"{name}={short_repr(v)} ({type(v).__name__}) must be an integer in "
                  f"{lo}..{MAX_INT}")
         for name, (lo, strict) in _NUMBER_FIELDS.items():
             v = getattr(self, name)
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and \
                 math.isfinite(v) and (v > lo if strict else v >= lo) and abs(v) <= 1e30
-            need(ok, f"{name}={_short(v)} ({type(v).__name__}) must be a finite number "
+            need(ok, f"{name}={short_repr(v)} ({type(v).__name__}) must be a finite number "
                      f"{'>' if strict else '>='} {lo} (at most 1e30)")
         for name in _TUPLE_FIELDS:
             v = getattr(self, name)
             need(isinstance(v, tuple) and len(v) <= MAX_LIST
                  and all(_is_int(x) and abs(x) <= MAX_INT for x in v),
-                 f"{name}={_short(v)} must be a sequence of at most {MAX_LIST} integers in "
+                 f"{name}={short_repr(v)} must be a sequence of at most {MAX_LIST} integers in "
                  f"-{MAX_INT}..{MAX_INT}")
         rd = self.rope_head_dim
         need(rd % 2 == 0 and rd // 2 <= 256, f"rope_head_dim={rd} must be even and <= 512")

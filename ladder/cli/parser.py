@@ -1,0 +1,156 @@
+"""The command line's parser: every command and flag with its help (`python -m ladder --help`).
+"""
+from __future__ import annotations
+
+import argparse
+
+from bounded.size import DEFAULT_MAX_MEMORY, cli_size
+from ladder.sides.model_input import DEFAULT_PROMPT, DEFAULT_STEPS
+
+DESCRIPTION = "`python -m ladder run | locate | report | regen | rules`: the port beside the reference."
+
+
+def model_args(p, regen=False):
+    p.add_argument("--preset", default="tiny", choices=["tiny", "shipped"])
+    p.add_argument("--params", help="safetensors parameter file (config in its metadata)")
+    p.add_argument("--cact", help=".cact checkpoint: the port computes from its packed CQ codes "
+                                  "(--weights cq, the default here), the reference from the "
+                                  "exactly dequantised float32 weights")
+    p.add_argument("--seed", type=int, default=0, help="parameter init and token seed")
+    p.add_argument("--prompt-len", type=int, default=DEFAULT_PROMPT)
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="one-token decode steps")
+    p.add_argument("--window", type=int, default=None, help="attention window (default: config)")
+    memory_arg(p)
+    if regen:
+        return
+    p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
+                   help="needle_v2 (default) or attn_v41: DeepSeek-V4.1 attention, reference vs "
+                        "the official fixture and port vs reference (run also checks graph vs "
+                        "eager on every capturable layer-step). --fixture, --backend "
+                        "torch|triton, --device, --rules, --per-step apply; any other "
+                        "model option is refused (ladder/v41_cli.py)")
+    p.add_argument("--rules", help="tolerance rules file (.toml or .json; see `ladder rules`)")
+    p.add_argument("--weights", default=None,
+                   help="port weight form: dense (float32) or cq (Cactus-Quants codes; the "
+                        "reference then runs on the dequantised weights). Default: cq for "
+                        "--cact, else dense")
+    p.add_argument("--bits-map", default="embedding=4,mhc=4,default=2",
+                   help="CQ widths when --weights cq quantises --params/--preset weights")
+    p.add_argument("--device", default="cpu", help="port device (the reference runs on CPU)")
+    p.add_argument("--backend", default="torch", choices=["torch", "triton", "native"],
+                   help="the port's kernels: torch ops with the torch attention twin, Triton "
+                        "attention (the interpreter on CPU: slow, for the tiny model), or the "
+                        "native C step (CPU; with --weights cq it reads the packed codes)")
+    p.add_argument("--decode", default="eager", choices=["eager", "graph"],
+                   help="the port's step: eager, or host prep + the capturable device body "
+                        "(a CUDA graph on CUDA); the run checks it against the traced eager "
+                        "step bit for bit")
+    p.add_argument("--fixture", help="compare against this fixture stem instead of running the "
+                                     "reference live (its tokens and schedule win; only a "
+                                     "fixture of the reference's values, from regen)")
+    p.add_argument("--no-check-plain", action="store_true",
+                   help="skip proving that tracing changes no bit (saves a third run)")
+    p.add_argument("--fine", action="store_true", help="print every point, not the coarse ladder")
+    p.add_argument("--per-step", action="store_true", help="print one row per (step, point)")
+    p.add_argument("--plant", metavar="FAULT", help="run the port with a known bug planted in "
+                   "the backend's own code (ladder/faults.py; demo: the run must exit 1)")
+    p.add_argument("--list-faults", action="store_true", help="list the plantable faults")
+    p.add_argument("--port", default=None, metavar="MODULE:FACTORY",
+                   help="compare an in-process port of the protocol (ladder/ports.py) instead "
+                        "of port.V2Model; locate re-runs the reference's layer from its inputs")
+    p.add_argument("--dump", default=None, metavar="FILE",
+                   help="the port side is this recording (a trace archive or a needle-rs "
+                        "fixture): run, locate and report judge it as `compare FILE` does")
+
+
+def memory_arg(p):
+    p.add_argument("--max-memory", type=cli_size, default=None, metavar="SIZE",
+                   help=f"budget for the tables a geometry implies (parameters, RoPE, KV and "
+                        f"Engram rings), e.g. 4G; files needing more are refused before "
+                        f"anything is allocated (default {DEFAULT_MAX_MEMORY >> 30}G)")
+
+
+def build_parser(more=()) -> argparse.ArgumentParser:
+    """Every command's parser; `more`: functions adding further subcommands (sweep's, from
+    ladder/cli/main.py, which sits above the sweep package)."""
+    ap = argparse.ArgumentParser(prog="python -m ladder", description=DESCRIPTION)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, helptext in (("run", "port beside reference: tolerance table, first divergence"),
+                           ("locate", "scan the first divergence's layer (linear, forward order); local vs "
+                            "propagated error"),
+                           ("report", "write markdown, CSV and HTML reports")):
+        p = sub.add_parser(name, help=helptext)
+        model_args(p)
+        if name == "report":
+            p.add_argument("--out", default="ladder-report", help="output directory")
+            p.add_argument("--stem", default="ladder", help="file name stem")
+            p.add_argument("--plot", default="auto", choices=["auto", "svg", "png"],
+                           help="figure format (auto: PNG via matplotlib if installed)")
+    p = sub.add_parser("regen", help="regenerate the forward-parity fixture")
+    model_args(p, regen=True)
+    p.add_argument("--out", default=None,
+                   help="fixture path stem (default: the checkout's "
+                        "tests/fixtures/v2_forward_vectors, whatever the working directory)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 unless the existing files regenerate byte for byte")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite the committed default fixture even from other inputs (any "
+                        "model or schedule flag off its default)")
+    p.add_argument("--format", default="needle-parity", choices=["needle-parity", "needle-rs"],
+                   help="needle-parity: our fixture (safetensors + JSON); needle-rs: its "
+                        "STEM.json + STEM.f32 of greedy decode steps, which needle-rs's "
+                        "v2_forward_parity test reads unchanged")
+    p.add_argument("--prompt", default=None, help="--format needle-rs: prompt text, encoded "
+                   "with the checkpoint's tokenizer after BOS (default: seeded token ids)")
+    for name, helptext in (("compare", "compare any two ladders (files, reference, backends)"),
+                           ("dump", "write one side's ladder as a trace archive")):
+        p = sub.add_parser(name, help=helptext)
+        if name == "compare":
+            p.add_argument("a", help="candidate: archive, needle-rs stem, fixture stem, "
+                                     "reference, torch, native, triton or port")
+            p.add_argument("b", nargs="?", default=None, help="yardstick (default reference)")
+            p.add_argument("--map", default=None, help="name map for foreign files: needle-rs, "
+                           "upstream-jax or a TOML file (ladder/namemap.py)")
+            p.add_argument("--locate", action="store_true", help="on a divergence, re-run the "
+                           "reference's layer from the candidate's recorded inputs")
+            p.add_argument("--report", default=None, metavar="DIR", help="also write the "
+                           "markdown, CSV and HTML report there")
+            p.add_argument("--stem", default="compare", help="report file name stem")
+            p.add_argument("--fine", action="store_true")
+            p.add_argument("--per-step", action="store_true")
+        else:
+            p.add_argument("side", choices=["reference", "torch", "native", "triton", "port",
+                                            "native-exe", "official"],
+                           help="native-exe: the C step as a standalone program "
+                                "(kernels/native/needle_trace.c) writes the archive itself")
+            p.add_argument("--plant", metavar="FAULT", default=None,
+                           help="native-exe: build the program with this C fault switch")
+            p.add_argument("--out", required=True, help="the archive's path (.safetensors)")
+            p.add_argument("--last-only", action="store_true",
+                           help="keep each step's last position only")
+        model_args(p, regen=True)
+        p.add_argument("--rules", help="tolerance rules file (.toml or .json)")
+        p.add_argument("--weights", default=None, choices=[None, "dense", "cq"])
+        p.add_argument("--bits-map", default="embedding=4,mhc=4,default=2")
+        p.add_argument("--device", default="cpu")
+        p.add_argument("--backend", default="torch", choices=["torch", "triton", "native"],
+                       help=argparse.SUPPRESS)
+        p.add_argument("--decode", default="eager", choices=["eager", "graph"])
+        p.add_argument("--port", default=None, metavar="MODULE:FACTORY",
+                       help="an in-process port (ladder/ports.py): side 'port'")
+        p.add_argument("--no-check-plain", action="store_true")
+        p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
+                       help="attn_v41: the V4.1 attention's ladder over its fixture's calls "
+                            "(sides: an archive, official, reference, torch, triton)")
+        p.add_argument("--fixture", default=None, help="attn_v41: the fixture stem (default "
+                       "the committed one)")
+    p = sub.add_parser("rules", help="print the tolerance rules (default or --rules FILE)")
+    p.add_argument("--rules")
+    p.add_argument("--format", default="toml", choices=["toml", "json"])
+    p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
+                   help="whose default rules to print (attn_v41: V41_RULES)")
+    from ladder.cli.points import add_parser as add_points_parser
+    add_points_parser(sub)
+    for add in more:
+        add(sub)
+    return ap

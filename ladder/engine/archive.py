@@ -1,0 +1,417 @@
+"""Trace archives: a whole ladder in one safetensors file that any implementation can write.
+
+Why safetensors: every ecosystem a port lives in writes it with its own library (Rust's
+`safetensors` crate, C++'s, `safetensors.numpy` from JAX), it holds no code (no pickle), and
+its header is plain JSON, so a reader can check every declared size before allocating.
+
+Layout (format "needle-parity-trace", schema_version 1; README "Bring your own port"):
+
+- one tensor per recorded value, keyed `{step}/{point}` (`prefill/embed`, `decode03/L07.y`),
+  point names as the registry spells them (ladder/points.py); the leading axis is the
+  positions captured: every position of the step (`captured = "all"`) or only its last
+  (`"last"`); float32, float64, float16 or bfloat16 (the two halves are widened to float32
+  on reading, and the manifest says so), int64 for index points;
+- the manifest: one JSON string in the safetensors metadata under `needle_parity_trace`:
+
+      format, schema_version
+      producer     {name, version, backend, device, dtype}
+      geometry     {d_model, num_heads, num_kv_heads, num_layers, head_dim, mhc_lanes,
+                    engram_layers, engram_orders, rope_theta, vocab_size}
+      kv_window    the attention window the run used (0: full causal)
+      weights      {source, file, sha256 (of the weights file's bytes), params_sha256}
+      schedule     {tokens, prompt_len, steps: [{name, pos, len}]}
+      argmax       {step: argmax of its last position's logits}
+      captured     "all" | "last"
+      points       point names in forward order
+      not_emitted  {point (every step) or step/point: why it is absent}
+      leading_axis "positions" (default) or "free" (V4.1: the point's own first axis)
+
+The reader refuses anything else with ArchiveError naming the field (or tensor) and the
+limit. The comparison engine needs only `Ladder`; nothing here knows the model.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+
+import torch
+
+from bounded.io import open_regular
+from bounded.safetensors import ST_DTYPES, load_safetensors, read_header
+from bounded.size import DEFAULT_MAX_MEMORY
+from ladder.engine.steps import CAPTURED, Step, schedule
+
+FORMAT = "needle-parity-trace"
+SCHEMA = 1
+META_KEY = "needle_parity_trace"
+MAX_STEPS = 1 << 16
+MAX_POINTS = 1 << 16
+MAX_NAME = 200                      # characters of a step or point name
+MAX_TOKEN = 1 << 31
+# "positions": a value's leading axis is the positions captured (needle v2); "free": the
+# producer's own layout (V4.1's points, e.g. the compressed rows a call publishes)
+LEADING_AXES = ("positions", "free")
+# int64: index points (V4.1's selected rows), compared exactly by the engine
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64)
+
+
+class ArchiveError(ValueError):
+    """A trace archive that is malformed, hostile or inconsistent (names the field)."""
+
+
+def _argmax(ladder: Ladder) -> dict:
+    out = {}
+    for st in ladder.steps:
+        key = f"{st.name}/logits"
+        if key in ladder.values and ladder.values[key].numel():
+            out[st.name] = int(torch.argmax(ladder.values[key][-1].reshape(-1)))
+    return out
+
+
+def manifest_for(ladder: Ladder, *, producer: dict, geometry: dict, kv_window: int,
+                 weights: dict, prompt_len: int, not_emitted: dict | None = None,
+                 points: list | None = None, leading_axis: str = "positions") -> dict:
+    """The manifest of `ladder` (the fields above); `not_emitted` adds to `ladder.hidden`;
+    `points` names them for a writer that fills the values later (needle_trace)."""
+    points = list(points or [])
+    for key in ladder.values:
+        p = key.split("/", 1)[1]
+        if p not in points:
+            points.append(p)
+    missing = dict(not_emitted or {})
+    missing.update(ladder.hidden)
+    return {
+        "format": FORMAT, "schema_version": SCHEMA,
+        "producer": {k: str(producer.get(k, "")) for k in
+                     ("name", "version", "backend", "device", "dtype")},
+        "geometry": dict(geometry), "kv_window": int(kv_window),
+        "weights": {k: weights.get(k) for k in ("source", "file", "sha256", "params_sha256")},
+        "schedule": {"tokens": [int(t) for t in ladder.tokens], "prompt_len": int(prompt_len),
+                     "steps": [{"name": s.name, "pos": s.pos, "len": len(s.tokens)}
+                               for s in ladder.steps]},
+        "argmax": _argmax(ladder), "captured": ladder.captured, "points": points,
+        "not_emitted": missing, "leading_axis": leading_axis,
+    }
+
+
+def save(ladder: Ladder, path, **manifest) -> str:
+    """Write `ladder` to `path` (a temp file renamed into place: all or nothing)."""
+    from safetensors.torch import save_file
+    path = os.fspath(path)
+    if not path or os.path.basename(path) in ("", ".", ".."):
+        raise ArchiveError(f"archive path {path!r} names no file")
+    m = manifest_for(ladder, **manifest)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in ladder.values.items()}
+    import tempfile
+    from ladder.engine.atomic import current_umask
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    # A fresh temporary name per writer (two processes saving one path, as xdist workers
+    # regenerating one golden file can, must not share it); mkstemp's 0600 widened to what
+    # open() would give.
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        os.close(fd)
+        save_file(tensors, tmp, metadata={META_KEY: json.dumps(m, sort_keys=True)})
+        # after writing: safetensors' writer leaves the file 0600 whatever it was before
+        os.chmod(tmp, 0o666 & ~current_umask())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def need_field(d, key, kind, where, error=None):
+    """d[key] of type `kind` (a bool is no int), or `error` (default ArchiveError) naming it."""
+    error = error or ArchiveError
+    if not isinstance(d, dict) or key not in d:
+        raise error(f"{where}: manifest lacks field {key!r}")
+    v = d[key]
+    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+        raise error(f"{where}: manifest field {key!r} is {type(v).__name__}, needs "
+                    f"{getattr(kind, '__name__', str(kind))}")
+    return v
+
+
+_need = need_field
+
+
+def _name(v, what, where) -> str:
+    if not isinstance(v, str) or not 0 < len(v) <= MAX_NAME or "/" in v:
+        raise ArchiveError(f"{where}: {what} {str(v)[:40]!r} must be a string of 1..{MAX_NAME} "
+                           f"characters without '/'")
+    return v
+
+
+def parse_manifest(text, where: str) -> dict:
+    """The manifest's JSON, every field typed and bounded; steps checked against the tokens."""
+    from bounded.io import parse_json      # the project's bounded JSON reader
+    m = parse_json(text, f"{where}: metadata {META_KEY}", ArchiveError)
+    if not isinstance(m, dict):
+        raise ArchiveError(f"{where}: manifest must be a JSON object")
+    if m.get("format") != FORMAT:
+        raise ArchiveError(f"{where}: field format={str(m.get('format'))[:40]!r}; this reader "
+                           f"knows {FORMAT!r}")
+    if _need(m, "schema_version", int, where) != SCHEMA:
+        raise ArchiveError(f"{where}: field schema_version={m['schema_version']}; this reader "
+                           f"knows {SCHEMA}")
+    for key, kind in (("producer", dict), ("geometry", dict), ("kv_window", int),
+                      ("weights", dict), ("schedule", dict), ("argmax", dict),
+                      ("captured", str), ("points", list), ("not_emitted", dict)):
+        _need(m, key, kind, where)
+    if m["captured"] not in CAPTURED:
+        raise ArchiveError(f"{where}: field captured={m['captured'][:20]!r}; one of {CAPTURED}")
+    m.setdefault("leading_axis", "positions")
+    if m["leading_axis"] not in LEADING_AXES:
+        raise ArchiveError(f"{where}: field leading_axis={str(m['leading_axis'])[:20]!r}; one "
+                           f"of {LEADING_AXES}")
+    sch = m["schedule"]
+    tokens = _need(sch, "tokens", list, f"{where}: schedule")
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TOKEN
+               for t in tokens):
+        raise ArchiveError(f"{where}: field schedule.tokens must hold integers in "
+                           f"0..{MAX_TOKEN - 1}")
+    _need(sch, "prompt_len", int, f"{where}: schedule")
+    steps = _need(sch, "steps", list, f"{where}: schedule")
+    if not 1 <= len(steps) <= MAX_STEPS:
+        raise ArchiveError(f"{where}: field schedule.steps holds {len(steps)} steps; needs "
+                           f"1..{MAX_STEPS}")
+    # A step takes the next `len` tokens; its first position is `pos` (a run restarted at 0,
+    # as V4.1's scenarios are, has steps that do not continue one another).
+    out, used = [], 0
+    for i, s in enumerate(steps):
+        at = f"{where}: schedule.steps[{i}]"
+        name = _name(_need(s, "name", str, at), "step name", at)
+        pos = _need(s, "pos", int, at)
+        if not 0 <= pos < MAX_TOKEN:
+            raise ArchiveError(f"{at}: field pos={pos} outside 0..{MAX_TOKEN - 1}")
+        n = _need(s, "len", int, at)
+        if not 1 <= n <= len(tokens) - used:
+            raise ArchiveError(f"{at}: field len={n} must lie in 1..{len(tokens) - used} "
+                               f"(the tokens left)")
+        out.append(Step(name, pos, tuple(tokens[used:used + n])))
+        used += n
+    if used != len(tokens) or len({s.name for s in out}) != len(out):
+        raise ArchiveError(f"{where}: field schedule.steps must cover the {len(tokens)} tokens "
+                           f"once, with distinct names")
+    if len(m["points"]) > MAX_POINTS or len(set(m["points"])) != len(m["points"]):
+        raise ArchiveError(f"{where}: field points must list at most {MAX_POINTS} distinct names")
+    for p in m["points"]:
+        _name(p, "point name", f"{where}: points")
+    for k, why in m["not_emitted"].items():
+        if not isinstance(why, str):
+            raise ArchiveError(f"{where}: field not_emitted[{k[:40]!r}] must be a string")
+    m["_steps"] = out
+    return m
+
+
+def _listing(names, most: int = 6) -> str:
+    names = list(names)
+    more = f", ... ({len(names)} in all)" if len(names) > most else ""
+    return ", ".join(repr(n) for n in names[:most]) + more
+
+
+def _bad_key(where, key, step, point, by_step, order) -> str:
+    """Which half of a tensor's '{step}/{point}' key is wrong, with the allowed values."""
+    if "/" not in key:
+        return (f"{where}: tensor {key[:80]!r} is not '{{step}}/{{point}}' (no '/'); steps: "
+                f"{_listing(by_step)}")
+    if step not in by_step:
+        return (f"{where}: tensor {key[:80]!r}: step {step[:40]!r} is not one of "
+                f"schedule.steps' names ({_listing(by_step)})")
+    return (f"{where}: tensor {key[:80]!r}: point {point[:60]!r} is not one of field points "
+            f"({_listing(order)})")
+
+
+def _canonical_step_names(steps, infos, m):
+    """Steps are matched by position and tokens, not by spelling: an archive whose schedule
+    is one prefill then one-token decode steps, named otherwise (`decode0` for `decode00`),
+    is read under the names our side uses (trace.schedule), and the renaming is recorded in
+    the manifest (`renamed_steps`, theirs -> ours) for the CLI to print."""
+    from ladder.model.names import TraceError
+    tokens = [t for s in steps for t in s.tokens]
+    try:
+        ours = schedule(tokens, m["schedule"]["prompt_len"])
+    except TraceError:                   # prompt_len outside the tokens: not this layout
+        return steps, infos, {}
+    if [(s.pos, s.tokens) for s in ours] != [(s.pos, s.tokens) for s in steps] or \
+            all(a.name == b.name for a, b in zip(steps, ours)):
+        return steps, infos, {}
+    rename = {a.name: b.name for a, b in zip(steps, ours) if a.name != b.name}
+    new_infos = {}
+    for key, info in infos.items():
+        step, _, point = key.partition("/")
+        new_infos[f"{rename.get(step, step)}/{point}"] = info
+    not_emitted = {}
+    for k, why in m["not_emitted"].items():
+        step, sep, point = k.partition("/")
+        not_emitted[f"{rename.get(step, step)}/{point}" if sep else k] = why
+    m["not_emitted"] = not_emitted
+    m["argmax"] = {rename.get(k, k): v for k, v in m["argmax"].items()}
+    return ours, new_infos, rename
+
+
+class LazyValues(Mapping):
+    """An archive's values read from the file on access, one step at a time: the values of
+    the step last asked for are kept, the rest stay on disk, so a comparison that walks the
+    steps in order holds one step of each side (README "Bring your own port")."""
+
+    def __init__(self, f, where, infos: dict, data_start: int, order: list, last=False):
+        self._f, self._where, self._infos = f, where, infos
+        self._start, self._order, self._last = data_start, order, last
+        self._index = set(order)
+        self._spans = {}          # step -> (first byte, end byte, bytes) of its tensors
+        for key in order:
+            step = key.split("/", 1)[0]
+            lo, hi = self._infos[key][2:]
+            a, b, n = self._spans.get(step, (lo, hi, 0))
+            self._spans[step] = (min(a, lo), max(b, hi), n + hi - lo)
+        self._step, self._cache, self._buf, self._base = None, {}, None, 0
+        self.held = self.peak_held = 0       # bytes of values in memory now / at most
+
+    def _hold(self, n: int):
+        self.held += n
+        self.peak_held = max(self.peak_held, self.held)
+
+    def _load_step(self, step):
+        """One read for the whole step when its tensors lie together (a writer that sorts
+        keys puts them so), else per tensor on demand."""
+        self._step, self._cache, self._buf, self.held = step, {}, None, 0
+        lo, hi, own = self._spans[step]
+        if 0 < hi - lo <= 2 * own:
+            self._buf, self._base = self._read(lo, hi, step), lo
+            self._hold(hi - lo)
+
+    def _read(self, lo, hi, what):
+        buf = torch.empty(hi - lo, dtype=torch.uint8)
+        self._f.seek(self._start + lo)
+        if hi > lo and self._f.readinto(buf.numpy()) != hi - lo:
+            raise ArchiveError(f"{self._where}: {what!r} is truncated at file offset "
+                               f"{self._start + lo} (the file shrank while being read)")
+        return buf
+
+    def __getitem__(self, key):
+        if key not in self._index:
+            raise KeyError(key)
+        step = key.split("/", 1)[0]
+        if step != self._step:
+            self._load_step(step)
+        t = self._cache.get(key)
+        if t is None:
+            dtype, shape, lo, hi = self._infos[key]
+            if self._buf is not None:
+                raw = self._buf[lo - self._base:hi - self._base]
+            else:
+                raw = self._read(lo, hi, key)
+                self._hold(hi - lo)
+            if (lo - self._base) % raw.new_empty((), dtype=dtype).element_size():
+                raw = raw.clone()                # unaligned for this dtype inside the step
+            t = raw.view(dtype).reshape(shape)
+            if dtype in (torch.float16, torch.bfloat16):
+                t = t.float()
+            if self._last:
+                t = t[-1:]
+            self._cache[key] = t
+        return t
+
+    def __iter__(self):
+        return iter(self._order)
+
+    def __len__(self):
+        return len(self._order)
+
+    def __contains__(self, key):
+        return key in self._index
+
+    def shape(self, key) -> tuple:
+        """The shape of `key` as read, without reading it."""
+        shape = list(self._infos[key][1])
+        return tuple([1] + shape[1:] if self._last else shape)
+
+    def last_only(self) -> "LazyValues":
+        return LazyValues(self._f, self._where, self._infos, self._start, self._order, True)
+
+    def numel(self) -> int:
+        n = 0
+        for key in self._order:
+            shape = self._infos[key][1]
+            n += math.prod(([1] + list(shape[1:])) if self._last else shape)
+        return n
+
+
+def read(path, max_memory: int | None = None, lazy: bool = False) -> tuple:
+    """A trace archive as the fields of a Ladder (steps, values, label, hidden, captured,
+    meta): `Ladder.load` builds it; `meta` holds the manifest. The file is framed and every
+    tensor's size checked against the memory budget before anything is allocated. `lazy`: the
+    values stay in the file and are read step by step as they are used (LazyValues)."""
+    where = os.fspath(path)
+    budget = DEFAULT_MAX_MEMORY if max_memory is None else max_memory
+    tensors, f = None, None
+    try:
+        if lazy:
+            f, size = open_regular(path, budget, ArchiveError, "trace archive")
+            header, data_start = read_header(f, size, where, ArchiveError)
+            meta = dict(header.get("__metadata__", {}))
+            infos = {k: (ST_DTYPES[v["dtype"]][0], list(v["shape"]), *v["data_offsets"])
+                     for k, v in header.items() if k != "__metadata__"}
+        else:
+            tensors, meta = load_safetensors(path, budget, error=ArchiveError)
+            infos = {k: (t.dtype, list(t.shape), 0, 0) for k, t in tensors.items()}
+    except ArchiveError:
+        if f is not None:
+            f.close()
+        raise
+    if META_KEY not in meta:
+        raise ArchiveError(f"{where}: safetensors metadata lacks {META_KEY!r}: not a "
+                           f"needle-parity trace archive")
+    m = parse_manifest(meta[META_KEY], where)
+    steps = m.pop("_steps")
+    by_step = {s.name: s for s in steps}
+    order = {p: i for i, p in enumerate(m["points"])}
+    for key in infos:
+        step, _, point = key.partition("/")
+        if step not in by_step or point not in order:
+            raise ArchiveError(_bad_key(where, key, step, point, by_step, order))
+    steps, infos, m["renamed_steps"] = _canonical_step_names(steps, infos, m)
+    keys, upcast = [], []
+    for st in steps:
+        rows = 1 if m["captured"] == "last" else len(st.tokens)
+        for point in m["points"]:
+            key = f"{st.name}/{point}"
+            if key not in infos:
+                continue
+            dtype, shape = infos[key][:2]
+            free = m["leading_axis"] == "free"
+            if dtype not in _DTYPES:
+                raise ArchiveError(f"{where}: tensor {key!r} is {dtype}; needs float32, "
+                                   f"float64, float16, bfloat16 or int64")
+            if len(shape) < 1 or (shape[0] != rows and not free):
+                # say which: a step's positions, or "last" that a writer forgot to state
+                held = "no axis" if not shape else f"a leading axis of {shape[0]}"
+                raise ArchiveError(
+                    f"{where}: tensor {key!r} has shape {shape} ({held}); field captured="
+                    f"{m['captured']!r} needs a leading axis of {rows} position(s) for step "
+                    f"{st.name!r}" + (" (its last position only: captured=\"last\")"
+                                      if m["captured"] == "last" else
+                                      "; a last-position-only dump says captured=\"last\""
+                                      if shape and shape[0] == 1 else ""))
+            if dtype in (torch.float16, torch.bfloat16):
+                upcast.append(key)
+            keys.append(key)
+    if lazy:
+        values = LazyValues(f, where, infos, data_start, keys)
+    else:
+        values = {k: tensors[k].float() if k in upcast else tensors[k] for k in keys}
+    hidden = {}
+    for k, why in m["not_emitted"].items():
+        if "/" in k:
+            hidden[k] = why
+        else:
+            hidden.update({f"{s.name}/{k}": why for s in steps if f"{s.name}/{k}" not in values})
+    m["upcast"] = upcast
+    prod = m["producer"]
+    label = " ".join(x for x in (prod.get("name"), prod.get("backend")) if x) or where
+    return steps, values, label, hidden, m["captured"], m

@@ -1,0 +1,421 @@
+"""Compare two ladders point by point (docs/design.md "Comparison rules").
+
+Per point: max |a-b|, max relative error with a floored denominator, ULP distance in the
+compared dtype, cosine similarity, SQNR in dB, mismatch fraction, NaN/Inf counts each way,
+and the rule's statistic as a fraction of its allowance. A point passes when every position
+of the step passes its rule (positions are judged one by one, so a prefill position and a
+decode position get the same bound). Logits also get argmax and top-k agreement with a
+near-tie margin, and KL divergence. NaN or Inf is a failing point, never an exception.
+
+`a` is the candidate (the port), `b` the reference whose magnitudes scale the bounds.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ladder.engine.metrics import metrics
+from ladder.engine.rules import DEFAULT_RULES, Rule, RuleSet
+from ladder.engine.trace import Ladder, TAIL, is_coarse, layer_of
+
+
+class CompareError(ValueError):
+    """Two ladders that cannot be compared (different schedules): bad input, not divergence."""
+
+
+@dataclass(frozen=True)
+class PointResult:
+    step: str
+    point: str
+    shape: tuple
+    max_abs: float
+    max_rel: float
+    ulp: float
+    cosine: float
+    sqnr_db: float
+    mismatch: float
+    nan_a: int
+    nan_b: int
+    inf_a: int
+    inf_b: int
+    pattern: str
+    rule: Rule
+    error: float               # worst position's rule statistic / allowance (pass: <= 1)
+    passed: bool
+    worst_pos: int             # absolute position of the largest error
+    first_bad_pos: int | None  # first absolute position that fails
+    note: str = ""
+    pos0: int = 0              # absolute position of the step's first position
+    errors: tuple = ()         # rule error / allowance at each position of the step
+
+    def error_at(self, pos: int) -> float:
+        """The rule error at absolute position `pos` (the step's worst when not recorded)."""
+        j = pos - self.pos0
+        return self.errors[j] if 0 <= j < len(self.errors) else self.error
+
+    @property
+    def first_bad_error(self) -> float:
+        """The error at the first failing position: the number `locate` re-runs and shows."""
+        return self.error if self.first_bad_pos is None else self.error_at(self.first_bad_pos)
+
+    @property
+    def key(self) -> str:
+        return f"{self.step}/{self.point}"
+
+    @property
+    def layer(self):
+        return layer_of(self.point)
+
+    @property
+    def coarse(self) -> bool:
+        return is_coarse(self.point)
+
+    def __str__(self):
+        """A passing row shows its worst position's error; a failing row its first failing
+        position's (the one `locate` re-runs), then the worst when that is elsewhere."""
+        flag = "pass" if self.passed else "FAIL"
+        failing = not self.passed and self.first_bad_pos is not None
+        err = self.first_bad_error if failing else self.error
+        s = (f"{self.key:22s} {flag}  err {error_text(err):>9s} of allowance  max|a-b| "
+             f"{self.max_abs:9.3g}  rel {self.max_rel:9.3g}  ulp {self.ulp:8.3g}  "
+             f"1-cos {1 - self.cosine:8.2g}  [{self.pattern}: {self.rule.describe()}]")
+        if failing:
+            s += f"  first failing position {self.first_bad_pos}"
+            if self.worst_pos != self.first_bad_pos and err != self.error:
+                s += f" (worst {error_text(self.error)} at position {self.worst_pos})"
+        return s + (f"  ({self.note})" if self.note else "")
+
+
+def error_text(err: float) -> str:
+    """An error of allowance for the screen: rules floor every allowance, so only a NaN/Inf
+    capture or a missing point is unbounded, and it is said in words, not as `inf`."""
+    if math.isfinite(err):
+        return f"{err:.3g}"
+    return "unbounded"
+
+
+@dataclass(frozen=True)
+class LogitsResult:
+    step: str
+    pos: int
+    argmax_a: int
+    argmax_b: int
+    near_tie: bool             # argmaxes differ, but within the tie margin in the reference
+    topk_agree: bool           # top-k sets equal up to near ties at the k-th boundary
+    kl: float                  # KL(softmax(b) || softmax(a)), nats
+    kl_bound: float            # allowance²/2 (Hoeffding): implied by the logits rule
+    passed: bool
+
+    @property
+    def argmax_agree(self) -> bool:
+        return self.argmax_a == self.argmax_b
+
+
+def compare_point(step: str, point: str, a, b, pattern: str, rule: Rule, rel_floor: float,
+                  pos0: int = 0) -> PointResult:
+    """One point of one step: a, b are [S, ...]; position j is absolute position pos0 + j."""
+    if a.shape != b.shape:
+        return _missing(step, point, tuple(b.shape), pattern, rule,
+                        f"shape {list(a.shape)} vs reference {list(b.shape)}")
+    # numpy has no bfloat16 (and the ULP count reads float32 bits): 16-bit floats are
+    # compared as float32, exactly (every bfloat16/float16 value is a float32), and said so.
+    half = [f"{side} is {str(t.dtype)[6:]}" for side, t in (("a", a), ("b", b))
+            if t.dtype in (torch.bfloat16, torch.float16)]
+    if half:
+        a, b = a.float(), b.float()
+    m = metrics(a, b, rel_floor)
+    ratios = rule.position_ratios(a, b)
+    errs = rule.position_errors(a, b, ratios)
+    bad = int((ratios > 1).sum())
+    worst = max(range(len(errs)), key=lambda j: errs[j]) if errs else 0
+    first_bad = next((j for j, e in enumerate(errs) if not e <= 1.0), None)
+    error = max(errs) if errs else 0.0
+    nonfinite = m["nan_a"] + m["nan_b"] + m["inf_a"] + m["inf_b"]
+    return PointResult(step, point, tuple(a.shape), m["max_abs"], m["max_rel"], m["ulp"],
+                       m["cosine"], m["sqnr_db"], bad / max(a.numel(), 1), m["nan_a"],
+                       m["nan_b"], m["inf_a"], m["inf_b"], pattern, rule, error,
+                       error <= 1.0, pos0 + worst,
+                       None if first_bad is None else pos0 + first_bad,
+                       "; ".join(([f"compared as float32 ({', '.join(half)}; ulp in "
+                                   f"float32 units)"] if half else []) +
+                                 (["NaN/Inf in a capture"] if nonfinite else [])),
+                       pos0, tuple(errs))
+
+
+def _missing(step, point, shape, pattern, rule, note) -> PointResult:
+    nan = math.nan
+    return PointResult(step, point, shape, nan, nan, nan, nan, nan, 1.0, 0, 0, 0, 0, pattern,
+                       rule, math.inf, False, -1, None, note)
+
+
+def compare_logits(step: str, pos: int, a, b, rule: Rule, ruleset: RuleSet) -> LogitsResult:
+    """Argmax/top-k agreement and KL for one position's logits [V]."""
+    a64, b64 = a.double(), b.double()
+    if not (torch.isfinite(a64).all() and torch.isfinite(b64).all()):
+        return LogitsResult(step, pos, -1, -1, False, False, math.nan, 0.0, False)
+    scale = b64.abs().max() if rule.scale == "maxabs" else b64.abs()
+    allow = rule.allowance(scale) * torch.ones_like(b64)
+    tie = ruleset.logits.tie_factor / 2
+    ia, ib = int(a64.argmax()), int(b64.argmax())
+    near = ia != ib and float(b64[ib] - b64[ia]) <= tie * float(allow[ia] + allow[ib])
+    k = min(ruleset.logits.topk, b64.numel())
+    ta, tb = set(a64.topk(k).indices.tolist()), set(b64.topk(k).indices.tolist())
+    kth = float(b64.topk(k).values[-1])
+    topk_ok = all(abs(float(b64[i]) - kth) <= 2 * tie * float(allow[i]) for i in ta ^ tb)
+    lp, lq = torch.log_softmax(b64, -1), torch.log_softmax(a64, -1)
+    kl = max(float((lp.exp() * (lp - lq)).sum()), 0.0)
+    bound = float(allow.max()) ** 2 / 2
+    ok = (ia == ib or near) and topk_ok and kl <= bound
+    return LogitsResult(step, pos, ia, ib, near, topk_ok, kl, bound, ok)
+
+
+def _merged_order(a: Ladder, b: Ladder, step: str) -> list:
+    """The reference's points in its order, with points only the candidate traces inserted
+    after the last common point before them in the candidate's order."""
+    order = list(b.points(step))
+    have = set(order)
+    last = None
+    for p in a.points(step):
+        if p in have:
+            last = p
+        else:
+            order.insert(order.index(last) + 1 if last is not None else 0, p)
+            have.add(p)
+            last = p
+    return order
+
+
+@dataclass
+class Comparison:
+    rows: list
+    logits: list
+    rules: RuleSet
+    prefix: str
+    a_label: str
+    b_label: str
+    steps: list = field(default_factory=list)
+    hidden: list = field(default_factory=list)   # ("{step}/{point}", why): fused away, unjudged
+    # keep="summary" (a long streamed comparison): `rows` holds, per point, its worst row and
+    # its first failing one, plus every row of the first failing step; these count the rest.
+    folded: bool = False
+    total_rows: int = 0
+    total_failing: int = 0
+    fail_counts: dict = field(default_factory=dict)     # point -> failing steps
+    point_order: list = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.rows)
+
+    @property
+    def failures(self) -> list:
+        return [r for r in self.rows if not r.passed]
+
+    @property
+    def first(self):
+        """The first divergence: the earliest failing point in ladder order (or None)."""
+        return next((r for r in self.rows if not r.passed), None)
+
+    @property
+    def first_coarse(self):
+        return next((r for r in self.rows if not r.passed and r.coarse), None)
+
+    def row(self, step: str, point: str) -> PointResult:
+        for r in self.rows:
+            if r.step == step and r.point == point:
+                return r
+        raise KeyError(f"no row {step}/{point}")
+
+    def worst(self):
+        """The row with the largest error (never smaller than the first divergence's: an
+        unbounded row, NaN/Inf or missing, counts as the largest; ties go to the earliest)."""
+        if not self.rows:
+            return None
+        key = lambda r: math.inf if math.isnan(r.error) else r.error
+        return max(self.rows, key=key)
+
+    def to_frame(self):
+        from ladder.engine.table import frame
+        return frame(self)
+
+    def __str__(self):
+        n_fail = self.total_failing if self.folded else len(self.failures)
+        n_rows = self.total_rows if self.folded else len(self.rows)
+        lines = [f"{self.a_label} vs {self.b_label}: {n_rows} points over "
+                 f"{len(self.steps)} steps, {n_fail} failing "
+                 f"({'PASS' if not n_fail else 'DIVERGENCE'})"]
+        if self.folded:
+            lines.append(f"  streamed: {len(self.rows)} rows kept (each point's worst and first "
+                         f"failing step, and the first failing step whole)")
+        w = self.worst()
+        if w is not None:
+            lines.append(f"  worst:  {w}")
+        if self.hidden:
+            lines.append("  " + hidden_text(self.hidden))
+        if self.first is not None:
+            lines.append(f"  first divergence: {self.first}")
+        if self.logits:
+            agree = sum(r.argmax_agree for r in self.logits)
+            ties = sum(r.near_tie for r in self.logits)
+            topk = sum(r.topk_agree for r in self.logits)
+            kl = max((r.kl for r in self.logits), default=0.0)
+            lines.append(f"  logits: argmax {agree}/{len(self.logits)} agree ({ties} near "
+                         f"ties), top-{self.rules.logits.topk} {topk}/{len(self.logits)}, "
+                         f"max KL {kl:.3g} nats")
+        return "\n".join(lines)
+
+
+def hidden_text(hidden: list) -> str:
+    """One line naming the points a run could not show (a fused kernel kept them, another
+    implementation does not emit them): the steps and layers they are missing from, and the
+    names grouped by reason."""
+    by_why, steps, layers = {}, set(), set()
+    for key, why in hidden:
+        step, point = key.split("/", 1)
+        steps.add(step)
+        if layer_of(point) is not None:
+            layers.add(layer_of(point))
+        names = by_why.setdefault(why, [])
+        base = point.split(".", 1)[-1]
+        if base not in names:
+            names.append(base)
+    where = f"{len(steps)} step(s)" + (f" x {len(layers)} layer(s)" if layers else "")
+    title = "hidden by fusion (not compared)" if all(w.startswith("fused") for w in by_why) \
+        else "not compared"
+    return (f"{title}, {len(hidden)} points over {where}: "
+            + "; ".join(f"{', '.join(n)} ({w})" for w, n in by_why.items()))
+
+
+def as_ruleset(rules) -> RuleSet:
+    return rules if isinstance(rules, RuleSet) else RuleSet(rules=dict(rules))
+
+
+def schedule_difference(a: Ladder, b: Ladder) -> str:
+    """The first step at which two ladders' schedules differ, and in what ('' if none)."""
+    for i, (x, y) in enumerate(zip(a.steps, b.steps)):
+        for field_name in ("name", "pos", "tokens"):
+            u, v = getattr(x, field_name), getattr(y, field_name)
+            if tuple(u) != tuple(v) if field_name == "tokens" else u != v:
+                return (f"step {i} has {field_name} {str(u)[:60]} in {a.label!r}, "
+                        f"{str(v)[:60]} in {b.label!r}")
+    if len(a.steps) != len(b.steps):
+        return f"{len(a.steps)} steps in {a.label!r}, {len(b.steps)} in {b.label!r}"
+    return ""
+
+
+def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "port",
+                    a_label=None, b_label=None, keep: str = "all") -> Comparison:
+    """Every (step, point) of `a` against `b` under rules matched on `{prefix}/{point}`.
+
+    keep="all": a row per (step, point). keep="summary": what a long comparison needs and no
+    more (Comparison.folded): the first divergence, each point's worst, and the first failing
+    step whole, so memory does not grow with the number of steps."""
+    if keep not in ("all", "summary"):
+        raise CompareError(f"keep={keep!r}; one of 'all', 'summary'")
+    rs = as_ruleset(rules)
+    why = schedule_difference(a, b)
+    if why:
+        raise CompareError(f"ladders {a.label!r} and {b.label!r} come from different token "
+                           f"schedules: {why}; compare runs of the same tokens")
+    if a.captured != b.captured:          # one side kept each step's last position only
+        a, b = a.last_only(), b.last_only()
+    rows, logit_rows, hidden = [], [], []
+    fold = _Fold() if keep == "summary" else None
+    for si, st in enumerate(b.steps):
+        if fold is not None:
+            fold.add(si, rows)
+            rows = []
+        pos0 = b.first_pos(st)
+        for point in _merged_order(a, b, st.name):
+            key = f"{st.name}/{point}"
+            pattern = rs.pattern_for(f"{prefix}/{point}")
+            rule = rs.rules[pattern]
+            why = a.hidden.get(key) if key not in a else b.hidden.get(key) if key not in b \
+                else None
+            if why is not None:
+                hidden.append((key, why))
+                continue
+            if key not in a or key not in b:
+                side = a.label if key not in a else b.label
+                shape = tuple((b if key in b else a)[key].shape)
+                rows.append(_missing(st.name, point, shape, pattern, rule,
+                                     f"not traced by {side}"))
+                continue
+            row = compare_point(st.name, point, a[key], b[key], pattern, rule, rs.rel_floor,
+                                pos0)
+            if point == TAIL[-1] and a[key].shape == b[key].shape:
+                res = [compare_logits(st.name, pos0 + j, a[key][j], b[key][j], rule, rs)
+                       for j in range(a[key].shape[0])]
+                logit_rows += res
+                bad = [r for r in res if not r.passed]
+                if bad and row.passed:        # only a looser custom rule lets this happen
+                    row = _with(row, False, bad[0].pos,
+                                f"argmax/top-k/KL check failed at position {bad[0].pos}")
+            rows.append(row)
+    cmp = Comparison(rows, logit_rows, rs, prefix, a_label or a.label, b_label or b.label,
+                     list(b.steps), hidden)
+    if fold is not None:
+        fold.add(len(b.steps), rows)
+        fold.finish(cmp)
+    return cmp
+
+
+class _Fold:
+    """keep="summary": rows folded step by step into what the verdicts read."""
+
+    def __init__(self):
+        self.worst, self.first_fail, self.first_step = {}, {}, None
+        self.order, self.total, self.failing, self.counts = {}, 0, 0, {}
+
+    def add(self, si: int, step_rows: list):
+        if not step_rows:
+            return
+        si -= 1                                   # the rows are the previous step's
+        bad = False
+        for j, r in enumerate(step_rows):
+            self.order[id(r)] = (si, j)
+            self.total += 1
+            err = math.inf if math.isnan(r.error) else r.error
+            w = self.worst.get(r.point)
+            if w is None or err > (math.inf if math.isnan(w.error) else w.error):
+                self.worst[r.point] = r
+            if not r.passed:
+                bad = True
+                self.failing += 1
+                self.counts[r.point] = self.counts.get(r.point, 0) + 1
+                self.first_fail.setdefault(r.point, r)
+        if bad and self.first_step is None:
+            self.first_step = step_rows
+
+    def finish(self, cmp: Comparison):
+        kept = {id(r): r for r in (self.first_step or [])}
+        kept.update({id(r): r for r in self.worst.values()})
+        kept.update({id(r): r for r in self.first_fail.values()})
+        cmp.rows = sorted(kept.values(), key=lambda r: self.order[id(r)])
+        cmp.folded, cmp.total_rows, cmp.total_failing = True, self.total, self.failing
+        cmp.fail_counts = dict(self.counts)
+        cmp.point_order = list(self.worst)        # first appearance, as the full rows give
+
+
+def _with(row: PointResult, passed: bool, first_bad, note: str) -> PointResult:
+    from dataclasses import replace
+    return replace(row, passed=passed, first_bad_pos=first_bad, note=note)
+
+
+def first_bit_difference(a: Ladder, b: Ladder):
+    """(step, point, absolute position) of the first value that is not bit-identical, in
+    `b`'s ladder order; None when the ladders are equal bit for bit. The oracle for
+    "where does a change first show" that involves no tolerance at all."""
+    for st in b.steps:
+        for point in _merged_order(a, b, st.name):
+            key = f"{st.name}/{point}"
+            if (key not in a and key in a.hidden) or (key not in b and key in b.hidden):
+                continue                                 # fused away on one side
+            if key not in a or key not in b or a[key].shape != b[key].shape:
+                return st.name, point, st.pos
+            for j in range(a[key].shape[0]):
+                if not torch.equal(a[key][j], b[key][j]):
+                    return st.name, point, st.pos + j
+    return None

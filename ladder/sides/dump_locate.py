@@ -1,0 +1,189 @@
+"""Local vs propagated error for a port known only by what it recorded (a dump, or an
+in-process port without `step_layer`).
+
+Our own ports are split by injection: the port's layer re-run on the reference's inputs
+(ladder/locate.py). A port in another language cannot be re-run from here, so the split goes the
+other way: the *reference's* layer is re-run from the port's own recorded inputs at the failing
+position: its lanes entering the layer (the previous layer's `x`, or `embed` for layer 0), its
+Engram rows (`engram_k{s}`, `engram_v{s}`), and for attention its keys and values at the
+earlier positions of the window (`L{i}.k`, `L{i}.v`). If the reference, fed the port's inputs,
+computes what the port recorded, the port's layer arithmetic is right and the error came in
+with its inputs ("inherited"); if not, the layer itself is wrong ("own").
+
+Whatever the dump lacks is taken from the reference's own run and named: the verdict then
+says which points would make it exact, and how far the substituted inputs could move it.
+"""
+from __future__ import annotations
+
+import torch
+
+from ladder.engine.compare import Comparison, as_ruleset
+from ladder.engine.locate import Injected, Location, whole_forward_verdict, layer_scan
+from ladder.model.names import point_name
+from ladder.model.points import LAYER, POINTS
+
+
+def _pick(dump, ref, point, pos, used: list, lacking: list):
+    if dump.has_at(point, pos):
+        used.append(f"{point}@{pos}")
+        return dump.at(point, pos)
+    lacking.append(f"{point}@{pos}")
+    return ref.at(point, pos)
+
+
+def rerun_reference_layer(params, cfg, layer: int, pos: int, dump, ref, window: int) -> tuple:
+    """({point: value} of the reference's `layer` at `pos` on the dump's inputs, used, lacking)."""
+    from reference.decode import init_kv_cache, layer_cached
+    from reference.ops import mhc_lane_offsets, rope_tables
+    dtype = params["embedding/embedding"].dtype
+    used, lacking = [], []
+    if layer:
+        lanes = _pick(dump, ref, point_name("x", layer - 1), pos, used, lacking)
+    else:
+        lanes = _pick(dump, ref, "embed", pos, used, lacking).expand(cfg.mhc_lanes, cfg.d_model)
+    site = cfg.site_of_layer(layer)
+    eng = None
+    if site is not None:
+        ek = _pick(dump, ref, f"engram_k{site}", pos, used, lacking)
+        ev = _pick(dump, ref, f"engram_v{site}", pos, used, lacking)
+        eng = (ek.to(dtype).reshape(1, 1, -1), ev.to(dtype).reshape(1, 1, -1))
+    kc, vc = init_kv_cache(cfg, 1, pos + 1, dtype)
+    lo = max(0, pos - window + 1) if window else 0
+    for p in range(lo, pos):                  # the keys this position can attend to
+        kc[layer, 0, :, p] = _pick(dump, ref, point_name("k", layer), p, used, lacking).to(dtype)
+        vc[layer, 0, :, p] = _pick(dump, ref, point_name("v", layer), p, used, lacking).to(dtype)
+    cos, sin = rope_tables(cfg.head_dim, pos + 1, cfg.rope_theta, dtype)
+    pre_off, post_off = mhc_lane_offsets(cfg.num_layers, cfg.mhc_lanes, dtype)
+    got = {}
+
+    def trace(name, i, v):
+        v = v[0]
+        if name in ("q", "k", "v"):
+            v = v.transpose(0, 1)             # [H, S, hd] -> [S, H, hd]
+        got[point_name(name, i)] = v[0].detach().clone()
+    x = lanes.to(dtype).reshape(1, 1, cfg.mhc_lanes, cfg.d_model)
+    layer_cached(params, cfg, layer, x, eng, kc[layer], vc[layer], pos, cos[pos:pos + 1],
+                 sin[pos:pos + 1], window, None, None, trace, (pre_off[layer], post_off[layer]))
+    return got, used, lacking
+
+
+def _err(rules, prefix, point, a, b) -> float:
+    pattern = rules.pattern_for(f"{prefix}/{point}")
+    return float(rules.rules[pattern].position_errors(a[None].to(b.dtype), b[None])[0])
+
+
+def _summarise(names: list) -> str:
+    by_point = {}
+    for n in names:
+        point, pos = n.split("@")
+        by_point.setdefault(point, []).append(int(pos))
+    return ", ".join(f"{p} at {len(v)} position(s) ({min(v)}..{max(v)})" if len(v) > 1
+                     else f"{p} at position {v[0]}" for p, v in by_point.items())
+
+
+_ORDER = [p.name for p in POINTS if p.scope == LAYER]
+
+
+def relevant_stand_ins(point: str, lacking: list) -> list:
+    """The stood-in inputs (`name@pos`) that can reach `point` inside its layer: the lanes
+    reach every point; the Engram rows only from `alpha` on (the gate reads them after `u`);
+    the keys and values of earlier positions only from `attn` on. A stand-in that cannot reach
+    the point cannot explain its error."""
+    base = point.split(".", 1)[1] if "." in point else point
+    at = _ORDER.index(base) if base in _ORDER else len(_ORDER)
+    out = []
+    for n in lacking:
+        name = n.split("@")[0]
+        if name.startswith("engram_"):
+            reach = _ORDER.index("alpha")
+        elif name.endswith((".k", ".v")):
+            reach = _ORDER.index("attn")
+        else:
+            reach = 0
+        if at >= reach:
+            out.append(n)
+    return out
+
+
+def locate_dump(cmp: Comparison, dump, ref, params, cfg, window: int) -> Location | None:
+    """The first divergence of `cmp` (dump = candidate `a`, ref = yardstick `b`), split into
+    the layer's own error and what it inherited, by re-running the reference's layer."""
+    first = cmp.first
+    if first is None:
+        return None
+    pos = first.first_bad_pos if first.first_bad_pos is not None else first.worst_pos
+    if pos < 0:                              # a point the candidate never traced
+        pos = next(s.pos + len(s.tokens) - 1 for s in cmp.steps if s.name == first.step)
+    loc = Location(first, pos, cmp.first_coarse, [],
+                   rerun_on="the port's recorded inputs (the reference's layer re-run)")
+    if first.layer is None:
+        loc.verdict = whole_forward_verdict(first)
+        return loc
+    loc.bisection = layer_scan(cmp, first)
+    rules = as_ruleset(cmp.rules)
+    got, used, lacking = rerun_reference_layer(params, cfg, first.layer, pos, dump, ref, window)
+    for point, val in got.items():
+        if not dump.has_at(point, pos):
+            continue
+        mine = dump.at(point, pos)
+        pe = _err(rules, cmp.prefix, point, mine, ref.at(point, pos))
+        le = _err(rules, cmp.prefix, point, mine, val)     # port vs reference on port inputs
+        loc.injection.append(Injected(point, rules.pattern_for(f"{cmp.prefix}/{point}"), pe, le))
+    stood_in_layers = []
+    for i in range(cfg.num_layers):          # every layer's output, split the same way
+        x = point_name("x", i)
+        if not (dump.has_at(x, pos) and (i == 0 or dump.has_at(point_name("x", i - 1), pos))):
+            continue
+        if i == first.layer:
+            val, lack_i = got[x], lacking
+        else:
+            run_i = rerun_reference_layer(params, cfg, i, pos, dump, ref, window)
+            val, lack_i = run_i[0][x], run_i[2]
+        mine = dump.at(x, pos)
+        loc.layers.append(Injected(x, rules.pattern_for(f"{cmp.prefix}/{x}"),
+                                   _err(rules, cmp.prefix, x, mine, ref.at(x, pos)),
+                                   _err(rules, cmp.prefix, x, mine, val)))
+        if lack_i:
+            stood_in_layers.append(f"L{i:02d}")
+    loc.layers_title = (f"every layer's output x at position {pos} (local: the reference's "
+                        f"layer re-run on the port's inputs)")
+    if stood_in_layers:
+        # a later layer fed the reference's own keys where the port's earlier layers (or an
+        # unrecorded input) differ shows a "local" error that is not the layer's
+        loc.layers_note = (f"the re-runs of {', '.join(stood_in_layers)} took the "
+                           f"reference's values for inputs the dump lacks: their local error "
+                           f"cannot be trusted as the layer's own")
+    at = next((r for r in loc.injection if r.point == first.point), None)
+    gap = ""
+    if lacking:
+        # How far the stand-ins could move the verdict: the reference's own values sit where
+        # the port's would; their distance is unknown, bounded only by how far the port's
+        # values that *were* recorded are from the reference's.
+        worst = max((r.error for r in cmp.rows if r.step == first.step and
+                     r.layer is not None and r.layer < first.layer), default=0.0)
+        gap = (f"; the dump lacks {_summarise(lacking)}: the reference's own values stood in "
+               f"(record those points for an exact split; the port's earlier layers at this "
+               f"step are within {worst:.3g} of their allowance, so an error of that size "
+               f"carried only through them is not seen here)")
+    reach = relevant_stand_ins(first.point, lacking)
+    loc.unsure = frozenset(r.point for r in loc.injection if relevant_stand_ins(r.point, lacking))
+    if at is None:
+        loc.verdict = f"{first.point} is not recomputed by a layer re-run; no split" + gap
+    elif at.own and reach:
+        # the reference ran on its own values where the port's were not recorded: a port
+        # whose error came in through those inputs looks the same as a wrong layer
+        loc.undecided = _summarise(reach)
+        loc.verdict = (f"own, or inherited from an unrecorded input: fed the port's recorded "
+                       f"inputs, with the reference's own {_summarise(reach)} standing in for "
+                       f"what the dump lacks, the reference's L{first.layer:02d} does not "
+                       f"reproduce the port's {first.point[4:]} (port vs re-run err "
+                       f"{at.local:.3g} of allowance); record those points to decide" + gap)
+    elif at.own:
+        loc.verdict = (f"the layer's own error: fed the port's own inputs, the reference's "
+                       f"L{first.layer:02d} does not reproduce the port's {first.point[4:]} "
+                       f"(port vs re-run err {at.local:.3g} of allowance)" + gap)
+    else:
+        loc.verdict = (f"inherited: fed the port's own inputs, the reference's L{first.layer:02d} "
+                       f"reproduces the port's {first.point[4:]} (err {at.local:.3g} of "
+                       f"allowance); the error arrives with the layer's inputs" + gap)
+    return loc

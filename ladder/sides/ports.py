@@ -1,0 +1,91 @@
+"""In-process ports: anything in the seed's shape, loaded by `--port module:factory`.
+
+The protocol (README "Bring your own port"), what `port.V2Model` also implements:
+
+    port = factory(params, cfg)          # params: {flax path: float32 tensor}; cfg: V2Config
+    state = port.make_state()
+    logits = port.step_traced(token, state, logits, trace)
+        # one token at the state's next position; `logits` a buffer to fill or None;
+        # trace(name, layer, values): one call per registry point, layer None for
+        # whole-forward points, values that position's tensor (the registry's shape)
+    optional:
+    port.step(token, state, logits=None)   # the plain step: must give the same bits
+    port.hidden_points = {name: why}       # points the port cannot show (never a silent pass)
+
+A port need not implement injection (`step_layer`): `locate` then re-runs the *reference's*
+layer from the port's own recorded inputs (ladder/dump_locate.py), as it does for a dump.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from ladder.model.names import TraceError
+from ladder.engine.trace import Ladder, PortRecorder, schedule
+
+
+class PortLoadError(ValueError):
+    """--port that cannot be imported or built, or does not speak the protocol."""
+
+
+REQUIRED = ("make_state", "step_traced")
+
+
+def load_factory(spec: str):
+    """`module:factory` -> the callable (PortLoadError names what is missing)."""
+    mod, sep, attr = str(spec).partition(":")
+    if not sep or not mod or not attr:
+        raise PortLoadError(f"--port {spec!r}: give module:factory (e.g. my_port:build)")
+    try:
+        m = importlib.import_module(mod)
+    except ImportError as e:
+        raise PortLoadError(f"--port {spec}: cannot import {mod!r}: {e}") from None
+    obj = m
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise PortLoadError(f"--port {spec}: module {mod!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise PortLoadError(f"--port {spec}: {attr!r} is not callable")
+    return obj
+
+
+def build_port(spec: str, params: dict, cfg):
+    port = load_factory(spec)(params, cfg)
+    missing = [n for n in REQUIRED if not callable(getattr(port, n, None))]
+    if missing:
+        raise PortLoadError(f"--port {spec}: the object its factory returned lacks "
+                            f"{missing[0]}() (the protocol needs {', '.join(REQUIRED)})")
+    return port
+
+
+def capture_protocol(port, cfg, tokens, prompt_len: int, *, check_plain: bool = False,
+                     progress=None, label: str = "port") -> Ladder:
+    """Every position through `step_traced`, recorded as a Ladder checked against the
+    registry; with check_plain and a `step`, the plain step must give the same logits."""
+    from ladder.sides.capture import note_hidden
+    from ladder.sides.capture import check_ladder
+    steps = schedule(tokens, prompt_len)
+    ladder = Ladder(steps, label=label)
+    state = port.make_state()
+    plain = port.make_state() if check_plain and callable(getattr(port, "step", None)) else None
+    hideable = dict(getattr(port, "hidden_points", {}) or {})
+    for st in steps:
+        rec = PortRecorder(ladder, st)
+        for tok in st.tokens:
+            rec.next_position()
+            got = port.step_traced(int(tok), state, None, rec)
+            if plain is not None:
+                want = port.step(int(tok), plain)
+                if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)
+                        and torch.equal(got, want)):
+                    raise TraceError(f"{label}: step_traced logits differ from the plain step "
+                                     f"at {st.name} (token {tok}): tracing must not change a bit")
+            if progress is not None:
+                progress.update()
+        rec.finish()
+        if hideable:
+            note_hidden(ladder, st, cfg, hideable, prefix="")
+    check_ladder(ladder, cfg)
+    return ladder
