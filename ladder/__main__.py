@@ -1,4 +1,4 @@
-"""`python -m ladder`: see ladder/cli.py."""
+"""`python -m ladder`: see ladder/cli/main.py."""
 import sys
 
 from ladder.cli.main import main

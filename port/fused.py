@@ -24,7 +24,7 @@ or, `kernels="twin"`, on their torch twins (same contracts, plain torch: the fas
 the composition on a CPU).
 
 A fused kernel hides what it keeps in registers. `HIDDEN` names those ladder points; every other
-point of the registry (ladder/points.py) is traced at the kernel boundary that produces it.
+point of the registry (ladder/model/points.py) is traced at the kernel boundary that produces it.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ _MODULES = {
     "sparse_attn": (sparse_attn, "sparse_attn"), "layer_tail": (layer_tail, "layer_tail"),
     "engram_prelude": (engram_prelude, "engram_prelude"), "final_norm": (final_norm, "final_norm"),
 }
-# The two kernel sets, shared by every FusedBody (ladder/faults.py patches entries here).
+# The two kernel sets, shared by every FusedBody (ladder/sides/faults.py patches entries here).
 KERNELS = {name: SimpleNamespace(**{k: getattr(mod, f"{base}_{suffix}")
                                     for k, (mod, base) in _MODULES.items()})
            for name, suffix in (("triton", "triton"), ("twin", "torch"))}

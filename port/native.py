@@ -125,7 +125,7 @@ class NativeModel:
 
     @property
     def lib(self):
-        """The library of each call: the clean build, or a planted fault's (ladder/faults.py);
+        """The library of each call: the clean build, or a planted fault's (ladder/sides/faults.py);
         the bound NModel is the same for both."""
         return native.lib()
 

@@ -23,7 +23,7 @@ ARGMAX_MARK = "@ARGMAX@"
 
 def write_image(model, tokens: list, steps: list, path, manifest: dict) -> str:
     """Write the image of `model` (a dense V2Model) over `tokens` cut into `steps` [(pos, len)],
-    with `manifest` (ladder/archive.py's fields; its "argmax" filled in by the program)."""
+    with `manifest` (ladder/engine/archive.py's fields; its "argmax" filled in by the program)."""
     from safetensors.torch import save_file
     if model.form != "dense":
         raise ValueError(f"the native image carries dense float32 weights; this model's form "

@@ -195,7 +195,7 @@ def layer_cached(params, cfg: V2Config, i: int, x, engram, k_cache_l, v_cache_l,
     """Layer `i` on lanes x [B, S, n, d]: the mHC routing around one block. `engram` is the
     layer's site's (keys, values) [B, S, d] or None; `offsets` its (pre, post) lane offsets.
     Writes the layer's K/V into its cache; returns the new lanes. (The ladder re-runs a layer
-    through this from another implementation's recorded inputs: ladder/dump_locate.py.)"""
+    through this from another implementation's recorded inputs: ladder/sides/dump_locate.py.)"""
     B, S, n, C = x.shape
     st = "stack/mhc_"
     nx = rms_unit(x.reshape(B, S, n * C))                          # one rms over all lanes

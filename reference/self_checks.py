@@ -1,7 +1,7 @@
 """Bounds of the reference's own consistency checks (`python -m reference run`).
 
 The reference knows nothing of the harness, so the bounds its self-check prints live here, each
-with its reason; ladder/rules.py takes them into REFERENCE_RULES unchanged, so the harness and
+with its reason; ladder/engine/rules.py takes them into REFERENCE_RULES unchanged, so the harness and
 the tests judge these comparisons with the same numbers. A check passes when
 max|a - b| <= bound·max|b| over the whole tensor, with no NaN or Inf on either side.
 """

@@ -30,7 +30,7 @@ def test_cuda_graph_replay_equals_eager_bytes(v41_fx, backend):
 def test_cuda_port_matches_reference(v41_fx, backend):
     """cuBLAS and the GPU's RoPE products sum in other orders than the CPU, so a bf16 value can
     move by an ulp and flip a selection at an exact near-tie (spec §7 accepts those on device).
-    Such layer-steps are counted (bounded by ladder/rules.py's V41_DEVICE_FLIPS); every other
+    Such layer-steps are counted (bounded by ladder/engine/rules.py's V41_DEVICE_FLIPS); every other
     point must pass, indices exactly."""
     man, rec, w = v41_fx
     ref = run_side(RefStack(man["model_args"], w), man, rec)

@@ -1,6 +1,6 @@
 """reference/v41/attn.py against DeepSeek's own V4.1 attention (the committed fixture made by
 tools/gen_v41_attn_fixture.py from the official model.py), layer by layer from the official
-inputs: index tensors exact, float tensors within the bf16 rule of ladder/rules.py."""
+inputs: index tensors exact, float tensors within the bf16 rule of ladder/engine/rules.py."""
 import pytest
 import torch
 
@@ -97,7 +97,7 @@ def test_args_need_every_field_the_attention_reads(v41_fx):
 
 def test_device_flip_bound_is_rule_data():
     """tests/test_attn_v41_cuda.py's tolerated share of flipped selections lives in
-    ladder/rules.py with its reason; 2% of the fixture's 384 (call, layer) steps is 7."""
+    ladder/engine/rules.py with its reason; 2% of the fixture's 384 (call, layer) steps is 7."""
     from ladder.engine.rules import V41_DEVICE_FLIPS, CountBound, RulesError
     assert "near-tie" in V41_DEVICE_FLIPS.why
     assert V41_DEVICE_FLIPS.allows(7, 384) and not V41_DEVICE_FLIPS.allows(8, 384)

@@ -2,7 +2,7 @@
 out by hand on a tiny input (so a wrong formula, not only a wrong direction, fails a test).
 
 Every rule here is constructed in the test as a *probe* of the formula (rtol 0.1 and so on):
-no project tolerance is restated or loosened; those live in ladder/rules.py.
+no project tolerance is restated or loosened; those live in ladder/engine/rules.py.
 """
 import math
 

@@ -323,7 +323,7 @@ def test_needle_rs_fixture_is_either_side(tmp_path, capsys):
     (lambda m: m["steps"][1].update(name="decode7"), "expected the decode step 0"),
     (lambda m: m["steps"][0]["blobs"].update(weird="prefill/embed"), "does not cover"),
     (lambda m: m["geometry"].update(num_layers="6"), "geometry.num_layers"),
-    (lambda m: m.pop("blob_index"), "is not needle-rs's fixture layout (ladder/needle_rs.py). "
+    (lambda m: m.pop("blob_index"), "is not needle-rs's fixture layout (ladder/formats/needle_rs.py). "
                                     "A port's values come in three ways: a trace archive"),
 ])
 def test_hostile_needle_rs_fixture_is_refused(tmp_path, edit, needle):

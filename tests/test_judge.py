@@ -1,4 +1,4 @@
-"""ladder/judge.py, the one-call check under the pytest plugin: every kind of port it accepts
+"""ladder/sides/judge.py, the one-call check under the pytest plugin: every kind of port it accepts
 gives the comparison `run`/`compare` give, and a schedule it cannot run is refused naming the
 value."""
 import pytest

@@ -4,7 +4,7 @@ captured point of the clean port moves max|a - b| by eps·max|b|, so its error o
 about eps / rtol plus the clean run's own (<= 0.11 of the allowance on tiny). eps sits at 0.7
 and 1.3 of the stated bound: a rule loosened (or tightened) past those margins fails here.
 
-The bounds are the project's statements, not read back from ladder/rules.py (that would test
+The bounds are the project's statements, not read back from ladder/engine/rules.py (that would test
 the rules against themselves): issue #4 logits 1e-5·max|logits|, spec §f.17 3e-5 between
 correct f32 implementations, the Sinkhorn plan 5e-6 (rules.py's measured reason)."""
 import pytest
@@ -43,7 +43,7 @@ def test_a_gain_error_near_the_stated_bound(point, family, factor, passes):
 
 def test_the_zero_reference_floor_is_a_small_absolute_bound():
     """Engram values at position 0 are exact zeros in the reference (no complete n-gram): a
-    port value of 0.5e-8 there passes, 2e-8 fails (ladder/rules.py's ZERO_FLOOR is 1e-8)."""
+    port value of 0.5e-8 there passes, 2e-8 fails (ladder/engine/rules.py's ZERO_FLOOR is 1e-8)."""
     clean, ref = clean_port_ladder(), reference_ladder()
     assert torch.count_nonzero(ref["prefill/engram_v1"][0]) == 0
     for v, passes in ((0.5e-8, True), (2e-8, False)):

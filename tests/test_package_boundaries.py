@@ -32,7 +32,7 @@ def test_package_imports_none_of_the_forbidden(package):
 
 
 def test_the_reference_self_checks_are_the_harness_rules():
-    """ladder/rules.py takes the reference's self-check bounds over: same bound, same verdict."""
+    """ladder/engine/rules.py takes the reference's self-check bounds over: same bound, same verdict."""
     from ladder.sides.reference_rules import REFERENCE_RULES
     from reference.self_checks import SELF_CHECKS, within
     g = torch.Generator().manual_seed(0)

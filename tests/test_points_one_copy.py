@@ -1,4 +1,4 @@
-"""The registry (ladder/points.py) is the one copy of the point names: every other list of names
+"""The registry (ladder/model/points.py) is the one copy of the point names: every other list of names
 (port/ and kernels/ may not import the ladder, and the C program and the name maps are not
 Python) is held to it here, so a rename or a new point that misses one of them fails this
 file, not a user's run."""

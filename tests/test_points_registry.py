@@ -1,4 +1,4 @@
-"""The point registry (ladder/points.py) holds every implementation to one list of ladder
+"""The point registry (ladder/model/points.py) holds every implementation to one list of ladder
 points: a point renamed, dropped, reordered or reshaped on any side stops the capture, and the
 native library's capture table and struct sizes must match their ctypes mirror."""
 import ctypes

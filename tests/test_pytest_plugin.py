@@ -1,6 +1,6 @@
 """The pytest plugin as a port maintainer uses it: installed with the package, a few fixtures in
 their own project, failures that name the first divergence, and golden fixtures with
-pytest-regressions' --regen semantics (ladder/pytest_plugin.py, ladder/golden.py)."""
+pytest-regressions' --regen semantics (ladder/pytest_plugin/, ladder/pytest_plugin/golden.py)."""
 import os
 import subprocess
 import sys

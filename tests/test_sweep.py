@@ -293,7 +293,7 @@ def test_a_json_grid_runs_where_toml_cannot_be_read(tmp_path, capsys):
 
 @needs_toml
 def test_protocol_ports_sweep_beside_ours(tmp_path, capsys):
-    """`port`: any protocol port (ladder/ports.py) is a grid axis; ours is "ours"."""
+    """`port`: any protocol port (ladder/sides/ports.py) is a grid axis; ours is "ours"."""
     grid = _write(tmp_path, "p.toml", """[sweep]
 name = "ports"
 [grid]

@@ -7,7 +7,7 @@ comparison `run` does on the same ladders.
 Writes (or reuses, in --dir) two archives of the same schedule: the torch port's dump and the
 reference's (`python -m ladder dump`). Then, each in its own child process so one cannot warm
 the other's memory: "memory" loads both ladders whole and times compare_ladders (what `run`
-spends comparing); "stream" opens both lazily (ladder/archive.py LazyValues: one step of each
+spends comparing); "stream" opens both lazily (ladder/engine/archive.py LazyValues: one step of each
 side held) and times the same call. Peak memory is the child's peak resident set during the
 comparison above its resident set just before it (the kernel's high-water mark, reset first
 through /proc/self/clear_refs; after a warm-up comparison of one step, so one-time costs are

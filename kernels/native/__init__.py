@@ -10,7 +10,7 @@ the source and the C library's expf/logf, not on the vector width the compiler p
 On load the library's own capture table (nat_capture_name) and struct sizes (nat_struct_size)
 are checked against the mirrors below; a mismatch refuses with NativeMismatch naming both.
 `planted_build("NEEDLE_FAULT_...")` switches to a build with one compile-time fault (its own
-cached library; ladder/faults.py uses it to prove the harness locates bugs in the C step).
+cached library; ladder/sides/faults.py uses it to prove the harness locates bugs in the C step).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 /* The ladder points the native step captures, in the order of the caller's `cap` array.
    One table gives needle_step.c its enum and the names it exports (nat_capture_name), which
    kernels/native/__init__.py checks against its CAPTURES when it loads the library, and
-   ladder/points.py checks against the point registry. */
+   ladder/model/points.py checks against the point registry. */
 #ifndef NEEDLE_CAPTURES_H
 #define NEEDLE_CAPTURES_H
 

@@ -1,4 +1,4 @@
-/* Planted faults (ladder/faults.py): each -DNEEDLE_FAULT_... switch builds its own library
+/* Planted faults (ladder/sides/faults.py): each -DNEEDLE_FAULT_... switch builds its own library
    with one known bug, so the harness can prove it locates bugs in the C step. A normal build
    defines none of them. The switches used as values are resolved here; the others guard
    their line in needle_step.c directly (#ifdef NEEDLE_FAULT_...). */

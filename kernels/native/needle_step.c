@@ -391,7 +391,7 @@ int64_t nat_rows(const NModel *M, NState *S, int64_t m, int64_t pos0, const int6
     return 0;
 }
 
-/* Injection (ladder/locate.py): layer i alone at position `pos` on `lanes` [n, d] (replaced by
+/* Injection (ladder/engine/locate.py): layer i alone at position `pos` on `lanes` [n, d] (replaced by
    the layer's output), over the same scratch and ring as nat_rows. The Engram keys and values
    of every site at pos come in ek/ev [sites, d]; with ek NULL they are computed here from the
    host arrays of that position (flat, ok, tap_ok as for nat_rows with m = 1, which rewrites

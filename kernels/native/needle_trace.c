@@ -8,7 +8,7 @@
    every position of the schedule ("host/tok", "host/flat", "host/ok", "host/tap_ok",
    "host/valid"), the steps ("sched/steps" [S, 2]: first position, length), and the trace
    archive's manifest ("manifest", bytes of JSON with "@ARGMAX@" where the argmax goes).
-   OUT is a trace archive (ladder/archive.py): every registry point of every position, keyed
+   OUT is a trace archive (ladder/engine/archive.py): every registry point of every position, keyed
    "{step}/{point}", float32, leading axis the step's positions.
 
    The image is treated as hostile: a regular file of at most 4 GiB, a bounded header parse,
@@ -377,7 +377,7 @@ int main(int argc, char **argv)
     float *cap[C_COUNT];
     for (int c = 0; c < C_COUNT; c++) cap[c] = calloc((size_t)(rows[c] * size[c]), 4);
 
-    /* every key of the archive in the registry's order (ladder/points.py), with its buffer */
+    /* every key of the archive in the registry's order (ladder/model/points.py), with its buffer */
     int64_t per_pos = 3 + 2 * M.sites + L * 21;
     Out *outs = calloc((size_t)(S * per_pos), sizeof(Out));
     int64_t n_out = 0, width, digits = 1;

@@ -63,7 +63,7 @@ def compare_run(args, out=print):
             f"written by {fx.manifest['generator']}, torch {fx.manifest['torch_version']})")
     check = not args.no_check_plain
     if args.fixture:
-        # on a failure the fixture itself is held to the reference (ladder/stand_in.py)
+        # on a failure the fixture itself is held to the reference (ladder/engine/stand_in.py)
         args.recompute_reference = lambda: capture_reference(
             params, cfg, tokens, prompt, window=window, label="reference (recomputed)")
         args.compare_rules = rules
@@ -104,7 +104,7 @@ def compare_run(args, out=print):
 
 
 def other_model(args) -> bool:
-    """True for --model attn_v41 (issue #8): its ladder lives in ladder/v41.py."""
+    """True for --model attn_v41 (issue #8): its ladder lives in ladder/v41/sides.py."""
     return getattr(args, "model", "needle_v2") == "attn_v41"
 
 

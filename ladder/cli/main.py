@@ -1,8 +1,8 @@
-"""`python -m ladder run | locate | report | regen | rules`: the port beside the reference.
+"""`python -m ladder COMMAND`: the dispatch to every command (the parser: ladder/cli/parser.py).
 
 run     both sides over a seeded prompt and decode steps past the window; prints the
         tolerance table (per point, its worst step) and the first divergence.
-        `--model attn_v41`: DeepSeek-V4.1 attention instead (ladder/v41_cli.py; run, locate
+        `--model attn_v41`: DeepSeek-V4.1 attention instead (ladder/v41/cli.py; run, locate
         and report alike).
 locate  the same, then the first divergence scanned inside its layer (a linear scan in
         forward order), with local (injected) vs propagated error.
@@ -11,9 +11,9 @@ regen   (re)write the forward-parity fixture (tools/gen_v2_forward_parity.py cal
 rules   print the default tolerance rules as TOML/JSON, a starting point for --rules.
 points  print the registry: every point's name, shape and scope in forward order.
 compare A [B]  any two ladders: trace archives, needle-rs fixtures, our fixtures, the live
-        reference, our backends, an in-process --port (ladder/compare_cli.py).
-dump    one side's ladder written as a trace archive (ladder/archive.py).
-sweep   many runs over a TOML grid, sharded and resumable, one report (ladder/sweep.py).
+        reference, our backends, an in-process --port (ladder/cli/compare.py).
+dump    one side's ladder written as a trace archive (ladder/engine/archive.py).
+sweep   many runs over a TOML grid, sharded and resumable, one report (ladder/sweep/command.py).
 
 Exit status: 0 every point passes, 1 divergence, 2 bad input (the message names it).
 """

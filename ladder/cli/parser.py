@@ -1,4 +1,6 @@
-"""The command line's parser: every command and flag with its help (`python -m ladder --help`).
+"""The command line's parser: every command and flag with its help (`python -m ladder --help`,
+`python -m ladder COMMAND --help`). The help is the reference: each flag says what it does and
+its default; docs/cli.md's flag tables are held to it (tests/test_cli_help.py).
 """
 from __future__ import annotations
 
@@ -7,19 +9,51 @@ import argparse
 from bounded.size import DEFAULT_MAX_MEMORY, cli_size
 from ladder.sides.model_input import DEFAULT_PROMPT, DEFAULT_STEPS
 
-DESCRIPTION = "`python -m ladder run | locate | report | regen | rules`: the port beside the reference."
+DESCRIPTION = ("`python -m ladder run | locate | report | regen | compare | dump | rules | points "
+               "| sweep`: a port of needle v2 beside the reference, point by point "
+               "(COMMAND --help: its flags and their defaults)")
+
+
+class DefaultsShown(argparse.HelpFormatter):
+    """Every optional flag's help ends with its default, unless it already names one."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (text is argparse.SUPPRESS or not action.option_strings or "default" in text.lower()
+                or action.default is argparse.SUPPRESS or action.required
+                or isinstance(action, argparse._HelpAction)):
+            return text
+        if isinstance(action, argparse._StoreTrueAction):
+            shown = "off"
+        elif action.default is None:
+            shown = "none"
+        else:
+            shown = "%(default)s"
+        return f"{text} (default: {shown})".lstrip()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with DefaultsShown as its help formatter."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsShown)
+        super().__init__(*args, **kwargs)
 
 
 def model_args(p, regen=False):
-    p.add_argument("--preset", default="tiny", choices=["tiny", "shipped"])
+    p.add_argument("--preset", default="tiny", choices=["tiny", "shipped"],
+                   help="the built-in model (seeded, perturbed init) when neither --params nor "
+                        "--cact is given")
     p.add_argument("--params", help="safetensors parameter file (config in its metadata)")
     p.add_argument("--cact", help=".cact checkpoint: the port computes from its packed CQ codes "
                                   "(--weights cq, the default here), the reference from the "
                                   "exactly dequantised float32 weights")
     p.add_argument("--seed", type=int, default=0, help="parameter init and token seed")
-    p.add_argument("--prompt-len", type=int, default=DEFAULT_PROMPT)
+    p.add_argument("--prompt-len", type=int, default=DEFAULT_PROMPT,
+                   help="prompt positions, fed as one prefill")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="one-token decode steps")
-    p.add_argument("--window", type=int, default=None, help="attention window (default: config)")
+    p.add_argument("--window", type=int, default=None,
+                   help="attention window (default: the model's kv_window)")
     memory_arg(p)
     if regen:
         return
@@ -28,19 +62,21 @@ def model_args(p, regen=False):
                         "the official fixture and port vs reference (run also checks graph vs "
                         "eager on every capturable layer-step). --fixture, --backend "
                         "torch|triton, --device, --rules, --per-step apply; any other "
-                        "model option is refused (ladder/v41_cli.py)")
+                        "model option is refused (ladder/v41/cli.py)")
     p.add_argument("--rules", help="tolerance rules file (.toml or .json; see `ladder rules`)")
-    p.add_argument("--weights", default=None,
+    p.add_argument("--weights", default=None, metavar="{dense,cq}",
                    help="port weight form: dense (float32) or cq (Cactus-Quants codes; the "
-                        "reference then runs on the dequantised weights). Default: cq for "
-                        "--cact, else dense")
+                        "reference then runs on the exactly dequantised weights) (default: cq "
+                        "with --cact, else dense)")
     p.add_argument("--bits-map", default="embedding=4,mhc=4,default=2",
                    help="CQ widths when --weights cq quantises --params/--preset weights")
     p.add_argument("--device", default="cpu", help="port device (the reference runs on CPU)")
     p.add_argument("--backend", default="torch", choices=["torch", "triton", "native"],
-                   help="the port's kernels: torch ops with the torch attention twin, Triton "
-                        "attention (the interpreter on CPU: slow, for the tiny model), or the "
-                        "native C step (CPU; with --weights cq it reads the packed codes)")
+                   help="the port's kernels: torch ops with the torch attention twin; triton, "
+                        "the fused Triton decode body (port/fused.py: about 7 kernel launches "
+                        "per layer, Triton sparse attention; needs the [gpu] extra, on a CPU "
+                        "only under TRITON_INTERPRET=1 and slow: the tiny model); or native, the "
+                        "C step (CPU; with --weights cq it reads the packed codes)")
     p.add_argument("--decode", default="eager", choices=["eager", "graph"],
                    help="the port's step: eager, or host prep + the capturable device body "
                         "(a CUDA graph on CUDA); the run checks it against the traced eager "
@@ -53,10 +89,10 @@ def model_args(p, regen=False):
     p.add_argument("--fine", action="store_true", help="print every point, not the coarse ladder")
     p.add_argument("--per-step", action="store_true", help="print one row per (step, point)")
     p.add_argument("--plant", metavar="FAULT", help="run the port with a known bug planted in "
-                   "the backend's own code (ladder/faults.py; demo: the run must exit 1)")
+                   "the backend's own code (ladder/sides/faults.py; demo: the run must exit 1)")
     p.add_argument("--list-faults", action="store_true", help="list the plantable faults")
     p.add_argument("--port", default=None, metavar="MODULE:FACTORY",
-                   help="compare an in-process port of the protocol (ladder/ports.py) instead "
+                   help="compare an in-process port of the protocol (ladder/sides/ports.py) instead "
                         "of port.V2Model; locate re-runs the reference's layer from its inputs")
     p.add_argument("--dump", default=None, metavar="FILE",
                    help="the port side is this recording (a trace archive or a needle-rs "
@@ -73,8 +109,8 @@ def memory_arg(p):
 def build_parser(more=()) -> argparse.ArgumentParser:
     """Every command's parser; `more`: functions adding further subcommands (sweep's, from
     ladder/cli/main.py, which sits above the sweep package)."""
-    ap = argparse.ArgumentParser(prog="python -m ladder", description=DESCRIPTION)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = Parser(prog="python -m ladder", description=DESCRIPTION)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     for name, helptext in (("run", "port beside reference: tolerance table, first divergence"),
                            ("locate", "scan the first divergence's layer (linear, forward order); local vs "
                             "propagated error"),
@@ -110,14 +146,16 @@ def build_parser(more=()) -> argparse.ArgumentParser:
                                      "reference, torch, native, triton or port")
             p.add_argument("b", nargs="?", default=None, help="yardstick (default reference)")
             p.add_argument("--map", default=None, help="name map for foreign files: needle-rs, "
-                           "upstream-jax or a TOML file (ladder/namemap.py)")
+                           "upstream-jax or a TOML file (ladder/formats/namemap.py)")
             p.add_argument("--locate", action="store_true", help="on a divergence, re-run the "
                            "reference's layer from the candidate's recorded inputs")
             p.add_argument("--report", default=None, metavar="DIR", help="also write the "
                            "markdown, CSV and HTML report there")
             p.add_argument("--stem", default="compare", help="report file name stem")
-            p.add_argument("--fine", action="store_true")
-            p.add_argument("--per-step", action="store_true")
+            p.add_argument("--fine", action="store_true",
+                           help="print every point, not the coarse ladder")
+            p.add_argument("--per-step", action="store_true",
+                           help="print one row per (step, point)")
         else:
             p.add_argument("side", choices=["reference", "torch", "native", "triton", "port",
                                             "native-exe", "official"],
@@ -130,23 +168,31 @@ def build_parser(more=()) -> argparse.ArgumentParser:
                            help="keep each step's last position only")
         model_args(p, regen=True)
         p.add_argument("--rules", help="tolerance rules file (.toml or .json)")
-        p.add_argument("--weights", default=None, choices=[None, "dense", "cq"])
-        p.add_argument("--bits-map", default="embedding=4,mhc=4,default=2")
-        p.add_argument("--device", default="cpu")
+        p.add_argument("--weights", default=None, choices=[None, "dense", "cq"],
+                       metavar="{dense,cq}", help="weight form of a live side of ours "
+                       "(default: cq with --cact, else dense)")
+        p.add_argument("--bits-map", default="embedding=4,mhc=4,default=2",
+                       help="CQ widths when --weights cq quantises --params/--preset weights")
+        p.add_argument("--device", default="cpu",
+                       help="device of a live port side (the reference runs on CPU)")
         p.add_argument("--backend", default="torch", choices=["torch", "triton", "native"],
                        help=argparse.SUPPRESS)
-        p.add_argument("--decode", default="eager", choices=["eager", "graph"])
+        p.add_argument("--decode", default="eager", choices=["eager", "graph"],
+                       help="a live port side's step: eager, or host prep + the capturable "
+                            "device body")
         p.add_argument("--port", default=None, metavar="MODULE:FACTORY",
-                       help="an in-process port (ladder/ports.py): side 'port'")
-        p.add_argument("--no-check-plain", action="store_true")
+                       help="an in-process port (ladder/sides/ports.py): side 'port'")
+        p.add_argument("--no-check-plain", action="store_true",
+                       help="skip proving that tracing changes no bit on a live side")
         p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
                        help="attn_v41: the V4.1 attention's ladder over its fixture's calls "
                             "(sides: an archive, official, reference, torch, triton)")
-        p.add_argument("--fixture", default=None, help="attn_v41: the fixture stem (default "
+        p.add_argument("--fixture", default=None, help="attn_v41: the fixture stem (default: "
                        "the committed one)")
     p = sub.add_parser("rules", help="print the tolerance rules (default or --rules FILE)")
-    p.add_argument("--rules")
-    p.add_argument("--format", default="toml", choices=["toml", "json"])
+    p.add_argument("--rules", help="print this rules file (checked) instead of the defaults")
+    p.add_argument("--format", default="toml", choices=["toml", "json"],
+                   help="the file format printed")
     p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
                    help="whose default rules to print (attn_v41: V41_RULES)")
     from ladder.cli.points import add_parser as add_points_parser

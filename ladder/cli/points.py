@@ -11,7 +11,7 @@ import json
 
 
 def registry_rows(cfg) -> list:
-    """[{index, name, layer, scope, shape, coarse}] in forward order (ladder/points.py)."""
+    """[{index, name, layer, scope, shape, coarse}] in forward order (ladder/model/points.py)."""
     from ladder.model.names import layer_of
     from ladder.model.points import BY_NAME, COARSE, LAYER, SITE, expected
     rows = []
@@ -60,8 +60,10 @@ def _geometry(cfg) -> dict:
 def add_parser(sub) -> None:
     p = sub.add_parser("points", help="print the registry: every point's name, shape and "
                                       "scope in forward order, for the model's geometry")
-    p.add_argument("--preset", default="tiny", choices=["tiny", "shipped"])
+    p.add_argument("--preset", default="tiny", choices=["tiny", "shipped"],
+                   help="the built-in model's geometry when neither --params nor --cact is given")
     p.add_argument("--params", help="safetensors parameter file (its config is used)")
     p.add_argument("--cact", help=".cact file (its config is used)")
-    p.add_argument("--format", default="text", choices=["text", "json"])
-    p.add_argument("--max-memory", type=int, default=None, help="bytes a file may declare")
+    p.add_argument("--format", default="text", choices=["text", "json"],
+                   help="a table, or JSON with index, name, layer, scope, shape, coarse")
+    p.add_argument("--max-memory", type=int, default=None, help="bytes a file may declare (default: 2 GiB)")

@@ -7,7 +7,7 @@ its header is plain JSON, so a reader can check every declared size before alloc
 Layout (format "needle-parity-trace", schema_version 1; README "Bring your own port"):
 
 - one tensor per recorded value, keyed `{step}/{point}` (`prefill/embed`, `decode03/L07.y`),
-  point names as the registry spells them (ladder/points.py); the leading axis is the
+  point names as the registry spells them (ladder/model/points.py); the leading axis is the
   positions captured: every position of the step (`captured = "all"`) or only its last
   (`"last"`); float32, float64, float16 or bfloat16 (the two halves are widened to float32
   on reading, and the manifest says so), int64 for index points;

@@ -131,7 +131,7 @@ def write_report(cmp: Comparison, out_dir, loc=None, info: dict | None = None,
     """Write {stem}.md, {stem}.csv (every row, every column) and {stem}.html; their paths.
 
     Everything is rendered first and written to temporary files beside the targets, which
-    are renamed into place only when all three exist (ladder/atomic.py): a failure (no
+    are renamed into place only when all three exist (ladder/engine/atomic.py): a failure (no
     matplotlib for PNG, a full disk, a target that is a directory) leaves no partial or empty
     report behind, and earlier reports of the same stem as they were. `also`: more
     {path: text} (another report's render_report) written in the same all-or-nothing step."""

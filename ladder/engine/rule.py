@@ -22,7 +22,7 @@ MAX_TOLERANCE = 1e3
 MAX_RULES = 512      # patterns in one rules file (the defaults have a few dozen)
 MAX_PATTERN = 256    # characters in one pattern (a point name is under 64)
 COMPARED_SIDES = ("port", "arbiter")   # point-name prefixes the ladder compares (compare.py)
-V41_SIDES = ("v41_official", "v41_port")  # the same for --model attn_v41 (ladder/v41_cli.py)
+V41_SIDES = ("v41_official", "v41_port")  # the same for --model attn_v41 (ladder/v41/cli.py)
 
 
 class RulesError(ValueError):
@@ -198,7 +198,7 @@ class RuleSet:
     rules: dict                     # pattern -> Rule, first match wins
     logits: LogitsRule = field(default_factory=LogitsRule)
     rel_floor: float = REL_FLOOR
-    source: str = "ladder/rules.py"
+    source: str = "ladder/engine/rule_tables.py"
 
     def __post_init__(self):
         _finite_nonneg("RuleSet", "rel_floor", self.rel_floor, 1.0)

@@ -163,7 +163,8 @@ V41_RULES = {
 }
 
 
-V41_RULESET = RuleSet(rules=dict(V41_RULES), source="ladder/rules.py (V41_RULES)")
+V41_RULESET = RuleSet(rules=dict(V41_RULES),
+                      source="ladder/engine/rule_tables.py (V41_RULES)")
 
 
 V41_DEVICE_FLIPS = CountBound(0.02, why=(   # read by tests/test_attn_v41_cuda.py

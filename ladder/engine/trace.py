@@ -58,12 +58,12 @@ class Ladder:
         return Ladder(self.steps, vals, self.label, dict(self.hidden), "last", self.meta)
 
     def save(self, path, **manifest) -> str:
-        """Write this ladder as a trace archive (ladder/archive.py); returns the path."""
+        """Write this ladder as a trace archive (ladder/engine/archive.py); returns the path."""
         return archive.save(self, path, **manifest)
 
     @classmethod
     def load(cls, path, max_memory=None, lazy: bool = False) -> "Ladder":
-        """A trace archive read back (ladder/archive.py); its manifest is `ladder.meta`;
+        """A trace archive read back (ladder/engine/archive.py); its manifest is `ladder.meta`;
         `lazy`: values read from the file step by step as they are used."""
         return cls(*archive.read(path, max_memory=max_memory, lazy=lazy))
 

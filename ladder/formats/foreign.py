@@ -1,5 +1,5 @@
 """A safetensors file in another implementation's names (no manifest of ours), read through a
-name map (ladder/namemap.py): upstream's own JAX capture is the shipped example.
+name map (ladder/formats/namemap.py): upstream's own JAX capture is the shipped example.
 
 Keys are `{prefix}{step}/{point}` with the map's step and point names; the token ids are the
 map's `tokens` key (rows of a batch: the map's `batch_row`). The schedule is the map's steps

@@ -1,6 +1,6 @@
 """Name maps: another implementation's names and layout, mapped onto the point registry.
 
-A small TOML file (the shipped ones: ladder/maps/needle-rs.toml, ladder/maps/upstream-jax.toml):
+A small TOML file (the shipped ones: ladder/formats/maps/needle-rs.toml, ladder/formats/maps/upstream-jax.toml):
 
     [map]
     name = "needle-rs"

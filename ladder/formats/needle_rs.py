@@ -8,12 +8,12 @@ The layout needle-rs's `tools/gen_v2_forward_parity.py` writes and its
   `steps` [{name, pos, tokens, blobs {point: key}, argmax}] (`prefill`, then `decode0`,
   `decode1`, ...; each decode step feeds the previous step's argmax), `prompt_ids`,
   `generated_ids`, `generated_text`, `prompt`, `source`, `max_len`, `kv_window`, and
-  `geometry` (ladder/geometry.py's ten fields);
+  `geometry` (ladder/model/geometry.py's ten fields);
 - only each step's last position; the coarse ladder (`embed`, `engram_k0`, `engram_v0`, per
   layer `hpre u bx y hpost hres x` and `alpha` ([1]) on Engram layers, `lane_mean`,
   `final_norm`, `logits`).
 
-Reading maps their names onto the registry through ladder/maps/needle-rs.toml; the points they
+Reading maps their names onto the registry through ladder/formats/maps/needle-rs.toml; the points they
 do not record are "not compared" with the map's reason. Every declared offset and shape is
 checked against the file before a value is read.
 """
@@ -89,7 +89,7 @@ def read(stem, max_memory: int | None = None, name_map=None) -> Ladder:
         # a .json + .f32 pair of some other layout: say what this reader is and the ways in
         raise NeedleRsError(
             f"{js}: no field blob_index, so {stem}.json + .f32 is not needle-rs's fixture "
-            f"layout (ladder/needle_rs.py). A port's values come in three ways: a trace "
+            f"layout (ladder/formats/needle_rs.py). A port's values come in three ways: a trace "
             f"archive (one .safetensors with a needle_parity_trace manifest), needle-rs's "
             f"fixture (STEM.json with blob_index + STEM.f32), or your own safetensors names "
             f"with --map FILE.toml (docs/porting.md)")

@@ -2,7 +2,7 @@
 
 needle-rs's fixture and our trace archives carry the same ten geometry fields (plus the
 attention window); `V2Config.to_dict()` carries more. A foreign file may state only these ten,
-so the registry's shapes (ladder/points.py) are computed from `Geometry`, a view built from
+so the registry's shapes (ladder/model/points.py) are computed from `Geometry`, a view built from
 either, and two sides are compared on the fields both state.
 """
 from __future__ import annotations

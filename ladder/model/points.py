@@ -106,7 +106,7 @@ def check_ladder(ladder, cfg, keep=None) -> None:
             extra = [p for p in got if p not in names]
             missing = [p for p in names if p not in got]
             raise TraceError(f"{ladder.label or 'ladder'} step {st.name}: points differ from "
-                             f"the registry (ladder/points.py): not in it {extra[:5]}, "
+                             f"the registry (ladder/model/points.py): not in it {extra[:5]}, "
                              f"missing {missing[:5]}" + ("" if extra or missing else
                                                          ", or out of forward order"))
         S = len(st.tokens)
@@ -131,7 +131,7 @@ def check_native_captures(names: tuple) -> None:
     want = native_table()
     if tuple(names) != want:
         raise TraceError(f"the native capture table {tuple(names)} differs from the registry's "
-                         f"{want} (ladder/points.py)")
+                         f"{want} (ladder/model/points.py)")
 
 
 def check_coarse(coarse: tuple) -> None:
@@ -139,4 +139,4 @@ def check_coarse(coarse: tuple) -> None:
     want = COARSE
     if tuple(coarse) != want:
         raise TraceError(f"reference.decode.COARSE {tuple(coarse)} differs from the "
-                         f"registry's coarse points {want} (ladder/points.py)")
+                         f"registry's coarse points {want} (ladder/model/points.py)")

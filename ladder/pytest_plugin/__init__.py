@@ -67,7 +67,7 @@ def pytest_addoption(parser):
     g = parser.getgroup("needle-parity", "needle-parity ladder checks")
     g.addoption("--ladder-port", metavar="MODULE:FACTORY", default=None,
                 help="the port under test: factory(params, cfg) returning a protocol port "
-                     "(ladder/ports.py); default port.V2Model")
+                     "(ladder/sides/ports.py); default port.V2Model")
     g.addoption("--ladder-dump", metavar="FILE", default=None,
                 help="the port under test is this recording (a trace archive or needle-rs stem)")
     g.addoption("--ladder-backend", default="torch", choices=["torch", "native", "triton"],

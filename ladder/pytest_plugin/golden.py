@@ -1,6 +1,6 @@
 """Golden fixtures: a port's ladder stored as a trace archive and checked against later runs.
 
-pytest-regressions' semantics (what `ladder_fixture` in ladder/pytest_plugin.py runs):
+pytest-regressions' semantics (what `ladder_fixture` in ladder/pytest_plugin/ runs):
 
     stored file      regen=None             regen="failing"            regen="all"
     missing          write it, FAIL         write it, FAIL             write it, pass
@@ -126,7 +126,7 @@ def check_golden(port, model, path: str, regen: str | None, schedule: dict) -> G
 
 
 def _against_reference(stored, cap, model, rules, path):
-    """The stored ladder held to the reference recomputed on its schedule (ladder/stand_in.py):
+    """The stored ladder held to the reference recomputed on its schedule (ladder/engine/stand_in.py):
     a failure may be the file's, not the port's."""
     from ladder.engine.stand_in import check_stand_in
     ref = model.reference(cap.tokens, cap.prompt_len, cap.window)

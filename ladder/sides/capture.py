@@ -7,7 +7,7 @@ is written, and by `python -m ladder run`). On the port a difference is first lo
 plain paths are re-run traced (`locate_path`), and PathError names the path, point and layer
 where they part from the one-position ladder.
 
-Every ladder recorded here is held to the point registry (ladder/points.py) before it is
+Every ladder recorded here is held to the point registry (ladder/model/points.py) before it is
 returned: the same names, order and shapes from every implementation.
 """
 from __future__ import annotations

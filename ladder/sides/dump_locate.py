@@ -2,7 +2,7 @@
 in-process port without `step_layer`).
 
 Our own ports are split by injection: the port's layer re-run on the reference's inputs
-(ladder/locate.py). A port in another language cannot be re-run from here, so the split goes the
+(ladder/engine/locate.py). A port in another language cannot be re-run from here, so the split goes the
 other way: the *reference's* layer is re-run from the port's own recorded inputs at the failing
 position: its lanes entering the layer (the previous layer's `x`, or `embed` for layer 0), its
 Engram rows (`engram_k{s}`, `engram_v{s}`), and for attention its keys and values at the

@@ -174,7 +174,7 @@ def build(params, cfg: V2Config, tokens, prompt_len: int, *, params_source: dict
 
 
 def write(stem, tensors: dict, manifest: dict) -> tuple:
-    """Write {stem}.safetensors and {stem}.json, both or neither (ladder/atomic.py: temp files
+    """Write {stem}.safetensors and {stem}.json, both or neither (ladder/engine/atomic.py: temp files
     renamed into place together; a full disk raises OutputError and leaves nothing)."""
     from safetensors.torch import save
     from ladder.engine.atomic import write_all

@@ -1,6 +1,6 @@
 """One parity check as a function call: a port (or its recording) beside the reference.
 
-What the pytest plugin's `ladder_check` and `ladder_fixture` run (ladder/pytest_plugin.py), and
+What the pytest plugin's `ladder_check` and `ladder_fixture` run (ladder/pytest_plugin/), and
 what a script can run the same way:
 
     from ladder.judge import ModelUnderTest, judge
@@ -12,7 +12,7 @@ what a script can run the same way:
 The reference of a model is captured once per schedule and kept (`ModelUnderTest.reference`),
 so many checks of one model pay for it once. A port is `port.V2Model` (its error split by
 re-running its own layer on the reference's inputs), any object of the protocol in
-ladder/ports.py, a `module:factory` string, a Ladder, or a recording's path (a trace archive or
+ladder/sides/ports.py, a `module:factory` string, a Ladder, or a recording's path (a trace archive or
 a needle-rs stem; split by re-running the reference's layer on the recording's inputs).
 """
 from __future__ import annotations
@@ -264,7 +264,7 @@ def verdict_of(cap: Captured, model: ModelUnderTest, rules=None, locate=True,
 
 
 def save_trace(cap_or_verdict, model: ModelUnderTest, path) -> str:
-    """A capture's ladder written as a trace archive (ladder/archive.py) with its manifest."""
+    """A capture's ladder written as a trace archive (ladder/engine/archive.py) with its manifest."""
     from ladder.model.geometry import geometry_of
     c = cap_or_verdict
     return c.obtained.save(

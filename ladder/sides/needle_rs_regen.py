@@ -14,7 +14,7 @@ def build(params, cfg, prompt_ids: list, steps: int, *, window=None, eos_id=None
           progress=None) -> tuple:
     """(ladder, generated ids): greedy decoding from `prompt_ids` on the reference, as
     needle-rs's generator runs it (each decode step feeds the previous step's argmax; stop at
-    `eos_id`), recorded in float64 and rounded once to float32 (ladder/fixtures.py says why).
+    `eos_id`), recorded in float64 and rounded once to float32 (ladder/sides/fixtures.py says why).
     TraceError if a rounded step's argmax is not the token fed next (a float32 near tie)."""
     from reference.decode import generate
     from ladder.sides.capture import capture_reference

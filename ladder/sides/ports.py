@@ -13,7 +13,7 @@ The protocol (README "Bring your own port"), what `port.V2Model` also implements
     port.hidden_points = {name: why}       # points the port cannot show (never a silent pass)
 
 A port need not implement injection (`step_layer`): `locate` then re-runs the *reference's*
-layer from the port's own recorded inputs (ladder/dump_locate.py), as it does for a dump.
+layer from the port's own recorded inputs (ladder/sides/dump_locate.py), as it does for a dump.
 """
 from __future__ import annotations
 

@@ -210,7 +210,7 @@ def check_registry(sides, cfg) -> None:
             point = key.split("/", 1)[1]
             if point not in shapes:
                 raise TraceError(f"{label}: {key} is not a point of the registry "
-                                 f"(ladder/points.py)")
+                                 f"(ladder/model/points.py)")
             shape = tuple(shape_of(key) if shape_of else lad.values[key].shape)[1:]
             if shape != shapes[point]:
                 raise TraceError(f"{label}: {key} has shape {list(shape)} per position, "

@@ -1,18 +1,18 @@
 """`python -m ladder sweep GRID.toml --out DIR`: many `run`s over a grid, one report.
 
-Each case (ladder/sweep_grid.py) is one `run` in-process: the CLI's own parser and checks,
+Each case (ladder/sweep/grid.py) is one `run` in-process: the CLI's own parser and checks,
 `compare_run`, `locate` on a divergence (inside the planted fault, when the case plants one).
 It leaves, under DIR/cases/<id>/:
 
     trace.safetensors   the port's ladder as a trace archive (--archives all|failing|none)
     log.txt             what the run printed, the comparison and the located divergence
-    result.json         the case's row, written last and atomically (ladder/atomic.py)
+    result.json         the case's row, written last and atomically (ladder/engine/atomic.py)
 
 so a result file exists only for a finished case, and a sweep killed at any instant (even
 SIGKILL) loses only the cases it was running: the same command again skips every case with a
 result and re-runs the rest from scratch. DIR/sweep.json holds the grid and its hash; a
 directory holding another grid is refused. `--shard K/N` runs every N-th case; `sweep --merge
-DIR...` joins shards (ladder/sweep_report.py, which also writes every sweep's report).
+DIR...` joins shards (ladder/sweep/report.py, which also writes every sweep's report).
 
 `-j N` runs N worker processes (spawned, not forked: a forked torch with live OpenMP threads
 can hang). Each is pinned to its share of the CPUs (--threads, default CPUs // N): the OMP/MKL
@@ -76,7 +76,7 @@ def threads_per_worker(args) -> int:
 
 
 def check_flags(args) -> None:
-    """The sweep's flags alone, before any file is read (cli.main -> ladder/args.py)."""
+    """The sweep's flags alone, before any file is read (cli.main -> ladder/cli/args.py)."""
     from ladder.cli.args import writable_dir
     if args.merge is not None:
         if args.grid is not None:
@@ -145,7 +145,7 @@ def _check_port(args) -> None:
 
 
 def validate_cases(grid) -> None:
-    """Every case's flags through the CLI's own checks (ladder/args.py), and the limits its
+    """Every case's flags through the CLI's own checks (ladder/cli/args.py), and the limits its
     model sets (check_model), before any case runs: a sweep never stops half-way on a typo."""
     from reference.config import V2Config
     from ladder.cli.errors import input_errors

@@ -50,7 +50,7 @@ KEYS = {
     "rules": ("--rules", (str,), "a rules file (relative to the grid)"),
     "no_check_plain": ("--no-check-plain", (bool,), "true or false"),
     "plant": ("--plant", (str,), "a fault name (run --list-faults) or \"none\""),
-    "port": ("--port", (str,), "a protocol port's module:factory (ladder/ports.py) or "
+    "port": ("--port", (str,), "a protocol port's module:factory (ladder/sides/ports.py) or "
                                "\"ours\" (port.V2Model)"),
 }
 PATH_KEYS = ("params", "cact", "rules")

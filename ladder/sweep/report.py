@@ -342,7 +342,7 @@ def html(manifest: dict, rows: list, expected: list) -> str:
 
 
 def write_report(d: str, manifest: dict, rows: list, expected: list) -> dict:
-    """report.json, .csv, .md and .html in directory `d`, all or none (ladder/atomic.py)."""
+    """report.json, .csv, .md and .html in directory `d`, all or none (ladder/engine/atomic.py)."""
     from ladder.engine.atomic import write_all
     order = {i: n for n, i in enumerate(expected)}
     rows = sorted(rows, key=lambda r: order.get(r["id"], len(order)))

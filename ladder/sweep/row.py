@@ -102,7 +102,7 @@ def _compared(args, out):
 
 def _compared_port(args, out):
     """A protocol port's case (`port = "module:factory"`): judged as `run --port` judges it
-    (ladder/judge.py: the reference's layer re-run on the port's recorded inputs)."""
+    (ladder/sides/judge.py: the reference's layer re-run on the port's recorded inputs)."""
     from ladder.sides.judge import ModelUnderTest, judge
     model = ModelUnderTest.build(preset=args.preset, seed=args.seed, params=args.params,
                                  cact=args.cact, weights=args.weights, bits_map=args.bits_map,

@@ -1,7 +1,7 @@
 """`dump` and `compare` with `--model attn_v41`: the DeepSeek-V4.1 attention through the same
 trace archives and the same comparison as needle v2.
 
-A V4.1 ladder is one step per call of the fixture (`{call}/L{layer:02d}.{point}`, ladder/v41.py
+A V4.1 ladder is one step per call of the fixture (`{call}/L{layer:02d}.{point}`, ladder/v41/sides.py
 `to_ladder`), so an archive of it is an archive like any other: the calls as steps (each at its
 own start position), float points as float32, index points as int64. A side is an archive,
 `official` (DeepSeek's own recordings in the fixture), `reference` (reference/v41), or the port

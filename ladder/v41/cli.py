@@ -1,17 +1,17 @@
 """`python -m ladder run | locate | report --model attn_v41`: the V4.1 attention through the
-same tables, locate and report as needle v2 (ladder/cli.py dispatches here).
+same tables, locate and report as needle v2 (ladder/cli/main.py dispatches here).
 
 run     reference vs the official fixture, port vs reference (tolerance tables, first
         divergence), and decode="graph" vs eager on every capturable layer-step (bytes;
         always run: on CUDA real capture and replay, else the capturable body on the static
         buffers, and the line says which)
-locate  the same comparisons, then ladder/v41_locate.py on the first divergence
+locate  the same comparisons, then ladder/v41/locate.py on the first divergence
 report  markdown, CSV and HTML (with the error-growth plot) of port vs reference, and the same
         three of reference vs official beside them ({stem}-official.*)
 
 Options that apply: --fixture, --backend torch|triton, --device, --rules (patterns
 "v41_official/L*.name" and "v41_port/L*.name"), --per-step, --max-memory (the budget the
-fixture's geometry is held to, ladder/v41.py's implied_bytes), and report's --out, --stem,
+fixture's geometry is held to, ladder/v41/sides.py's implied_bytes), and report's --out, --stem,
 --plot. Any other option (they describe a needle v2 run; --fine picks points outside the
 coarse ladder, and every V4.1 point is shown already) is refused with exit 2.
 """

@@ -11,7 +11,7 @@ the reference is about to run that layer) is copied into the port, the port's la
 (local), then the port's own state is put back and both chains go on (propagated). A point
 that still fails locally is the layer's own error; one that passes locally was inherited.
 
-The scan of the layer's points and the report are ladder/locate.py's (Location, Injected).
+The scan of the layer's points and the report are ladder/engine/locate.py's (Location, Injected).
 """
 from __future__ import annotations
 

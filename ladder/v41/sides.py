@@ -1,6 +1,6 @@
 """The DeepSeek-V4.1 attention ladder: the fixture, both sides driven over it, and their
-comparison as the ladder's own `Comparison` (ladder/compare.py), so tables, reports and
-locate are the needle v2 ones. The commands are in ladder/v41_cli.py.
+comparison as the ladder's own `Comparison` (ladder/engine/compare.py), so tables, reports and
+locate are the needle v2 ones. The commands are in ladder/v41/cli.py.
 
 Comparisons over the committed fixture of DeepSeek's own V4.1 code (tools/
 gen_v41_attn_fixture.py), each layer by layer from the official inputs (index selections flip
@@ -11,7 +11,7 @@ under one-ulp changes, so a free-running comparison would test the chain, not th
 
 A ladder step is one fixture call (named by its key, at its start position, m positions
 wide); a point is "L{layer:02d}.{name}", and rules match "{side}/L{layer:02d}.{name}". Index
-tensors (window_idxs, topk_idxs) take the exact rule, the rest ladder/rules.py's V41_RULES
+tensors (window_idxs, topk_idxs) take the exact rule, the rest ladder/engine/rules.py's V41_RULES
 bound. The first divergence is the earliest failing (call, layer, point) in forward order.
 """
 from __future__ import annotations
@@ -272,7 +272,7 @@ def to_ladder(run, calls, label: str) -> Ladder:
 def compare(a, b, side: str, calls, rules=None, a_label=None, b_label=None) -> Comparison:
     """`a` (the candidate) against `b` (the side whose magnitudes scale the bounds) over
     `calls` (manifest call dicts), under `rules` matched on "{side}/L{layer}.{point}" (default
-    ladder/rules.py's V41_RULES): the ladder's own Comparison, one row per (call, point)."""
+    ladder/engine/rules.py's V41_RULES): the ladder's own Comparison, one row per (call, point)."""
     rs = V41_RULESET if rules is None else as_ruleset(rules)
     la = to_ladder(a, calls, a_label or side.split("_", 1)[-1])
     lb = to_ladder(b, calls, b_label or "reference")

@@ -1,4 +1,4 @@
-"""A small needle v2 port that owes nothing to port/: the protocol of ladder/ports.py over a
+"""A small needle v2 port that owes nothing to port/: the protocol of ladder/sides/ports.py over a
 plain full-length KV cache, one `forward_cached` call per token. `build_buggy` plants a bug in
 layer 2's lane-output coefficients (hpost), so `locate` must blame that layer and no other."""
 from __future__ import annotations
