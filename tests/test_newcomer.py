@@ -67,14 +67,31 @@ def test_coarse_table_shows_failing_fine_points_and_counts_what_it_hides():
     assert rc == 1
     rows = [ln.split() for ln in text.splitlines() if ln.startswith(("L0", "embed", "logits"))]
     assert {r[0] for r in rows if r[-2] == "FAIL"} == {"L03.q", "L03.k"}, text
-    assert "(coarse ladder + 2 failing points off it; 76 of 130 points not shown, all " \
-           "passing" in text
+    assert "(coarse ladder, with 2 failing points off it: 54 of 130 points shown; the other 76 " \
+           "pass; --fine shows every point, --per-step every step)" in text
     rc, text = run("run", "--plant", "rope_pos_plus_1", "--no-check-plain", "--per-step")
     assert sum(ln.split()[-1] == "FAIL" for ln in text.splitlines() if ln.startswith("L03.")) \
         == 26                       # every failing (step, point) row, though none is coarse
-    assert "988 of 1690 rows not shown, all passing" in text
+    assert "702 of 1690 rows shown; the other 988 pass; --fine shows every point)" in text
     rc, text = run("run", "--no-check-plain")
-    assert rc == 0 and "(coarse ladder; 78 of 130 points not shown, all passing" in text
+    assert rc == 0 and "(coarse ladder: 52 of 130 points shown; the other 78 pass" in text
+
+
+
+def test_a_coarse_table_hiding_nothing_says_so_in_english():
+    import argparse
+    import torch
+    from ladder.cli.show import print_table
+    from ladder.engine.compare import compare_ladders
+    from ladder.engine.rules import DEFAULT_RULES
+    from ladder.engine.trace import Ladder, schedule
+    steps = schedule([1, 2, 3], 2)
+    vals = {f"{s.name}/{p}": torch.ones(len(s.tokens), 4) for s in steps for p in ("L00.u", "L00.x")}
+    cmp = compare_ladders(Ladder(steps, vals, "port"), Ladder(steps, vals, "reference"),
+                          DEFAULT_RULES)
+    lines = []
+    print_table(cmp, argparse.Namespace(fine=False, per_step=False), lines.append)
+    assert lines[-1] == "(coarse ladder: all 2 points shown)", lines
 
 
 def _fixture_copy(tmp_path, name="v2_forward_vectors"):
@@ -267,3 +284,76 @@ def test_readme_tools_table_gives_each_tool_an_expected_runtime():
     for m, nxt in zip(found, found[1:] + [None]):
         segment = row[m.end():nxt.start() if nxt else len(row)]
         assert re.search(r"\d+(?:\.\d+)?(?:–\d+)? ?(?:s|min)\b", segment), (m.group(1), segment)
+
+
+# ---- issue 33, item 6: what a newcomer tripped on ----
+
+def test_the_native_steps_first_build_is_announced_on_stderr(tmp_path):
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NEEDLE_NATIVE_CACHE=str(tmp_path))
+    build = [sys.executable, "-c", "from kernels import native; native.build()"]
+    first = subprocess.run(build, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert "building the native step with " in first.stderr and str(tmp_path) in first.stderr
+    again = subprocess.run(build, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "building" not in again.stderr      # cached: silent
+
+
+def test_the_header_names_the_rules_file_and_the_cq_reference(tmp_path):
+    from ladder.engine.rules import DEFAULT_RULES, dump_rules
+    rules = tmp_path / "mine.toml"
+    rules.write_text(dump_rules(DEFAULT_RULES))
+    rc, text = run("run", "--rules", str(rules), "--steps", "1", "--no-check-plain")
+    assert rc == 0 and f"rules: {rules} ({len(DEFAULT_RULES.rules)} patterns;" in text, text
+    assert "exactly dequantised" not in text
+    rc, text = run("run", "--weights", "cq", "--steps", "1", "--no-check-plain")
+    assert rc == 0 and "reference: runs on the exactly dequantised weights" in text, text
+    assert "rules: " not in text.split("schedule:")[0]
+
+
+def test_compare_of_a_last_only_dump_counts_the_positions_it_compares(tmp_path):
+    out = str(tmp_path / "t.safetensors")
+    rc, text = run("dump", "torch", "--out", out, "--last-only")
+    assert rc == 0, text
+    rc, text = run("compare", out)
+    assert rc == 0 and "; compared: 13 last positions of 18 (the last of each step)" in text, text
+
+
+def test_the_sweep_html_report_renders_its_details_as_html_tables():
+    from ladder.sweep.report import html, markdown_html
+    md = ("## Worst points across the grid\n\n| case | status |\n|---|---|\n| c0 | fail \\| x |\n"
+          "\n## Errors\n\n- c1: boom <b>\n")
+    got = markdown_html(md)
+    assert got == ("<h3>Worst points across the grid</h3>\n<table><tr><th>case</th><th>status"
+                   "</th></tr><tr><td>c0</td><td>fail | x</td></tr></table>\n<h3>Errors</h3>\n"
+                   "<ul><li>c1: boom &lt;b&gt;</li></ul>")
+    page = html({"name": "t", "grid_file": "g.toml", "grid_sha256": "0" * 64, "shard": "1/1",
+                 "cases": 0}, [], [])
+    assert "<pre" not in page and "<h3>Worst points across the grid</h3>\n<table>" in page
+
+
+def test_readme_says_the_shipped_sweep_exits_1_by_design():
+    import os
+    import re
+    from bounded.io import parse_toml
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    with open(os.path.join(root, "docs", "sweep-tiny.toml"), "rb") as f:
+        planted = [p for p in parse_toml(f.read(), "sweep-tiny.toml")["grid"]["plant"]
+                   if p != "none"]
+    section = readme.split("## Sweeps", 1)[1].split("\n## ", 1)[0]
+    assert planted and all(f"`{p}`" in section for p in planted)
+    assert re.search(r"exits 1\s+by design", section) and "first divergent" in section
+
+
+def test_the_in_process_snippet_prints_its_verdict(capsys):
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    doc = open(os.path.join(root, "docs", "porting.md"), encoding="utf-8").read()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "capture_protocol" in b]
+    exec(compile(block, "docs/porting.md", "exec"), {"__name__": "snippet"})
+    assert "0 failing (PASS)" in capsys.readouterr().out

@@ -21,6 +21,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from contextlib import contextmanager
 
@@ -151,6 +152,11 @@ def build(defines: tuple = (), program: bool = False) -> str:
     os.makedirs(out_dir, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
+    what = "the standalone program needle_trace" if program else "the native step"
+    switches = f" with {', '.join(defines)}" if defines else ""
+    # A first build takes seconds of silence: say what is happening, and where it is kept.
+    print(f"building {what}{switches} with {os.path.basename(cc)} (once; cached in {out_dir})",
+          file=sys.stderr, flush=True)
     try:
         res = subprocess.run([cc, *flags, "-o", tmp, *sources, "-lm"], capture_output=True,
                              text=True, timeout=300)

@@ -58,9 +58,15 @@ def compare_run(args, out=print):
         f"Engram layers {list(cfg.engram_layers)} window={window}")
     wraps = schedule_note(n, run.ring, run.window)
     out(f"schedule: prompt {prompt} + {n - prompt} decode steps = {n} positions{wraps}")
+    if args.rules:
+        out(f"rules: {args.rules} ({len(rules.rules)} patterns; `python -m ladder rules "
+            f"--rules {args.rules}` prints them)")
     if args.fixture:                  # the fixture stands in for the reference: not run live
         out(f"reference: not run; fixture {fx.path} stands in ({fx.manifest['values']}, "
             f"written by {fx.manifest['generator']}, torch {fx.manifest['torch_version']})")
+    elif weights == "cq":
+        out("reference: runs on the exactly dequantised weights (the port's CQ codes decoded "
+            "to float32 without rounding), so both sides compute the same model")
     check = not args.no_check_plain
     if args.fixture:
         # on a failure the fixture itself is held to the reference (ladder/engine/stand_in.py)

@@ -103,9 +103,10 @@ def cmd_compare(args, out=print) -> int:
             labels.append(label)
     a, b = ladders
     out(f"needle-parity compare: {labels[0]} vs {labels[1]}")
+    last = "last" in (a.captured, b.captured)
     out(f"schedule: prompt {prompt} + {len(tokens) - prompt} decode steps = {len(tokens)} "
-        f"positions, window {window}" + (", last position of each step" if "last" in
-                                         (a.captured, b.captured) else ""))
+        f"positions, window {window}" + (f"; compared: {len(a.steps)} last positions of "
+                                         f"{len(tokens)} (the last of each step)" if last else ""))
     for line in identity:
         out(line)
     for label, lad in zip(labels, (a, b)):

@@ -18,7 +18,11 @@ def print_table(cmp, args, out):
         extra = len(failing - set(df.loc[df["coarse"], "point"]))
         unit, left = (("rows", len(df) - len(shown)) if args.per_step else
                       ("points", df["point"].nunique() - shown["point"].nunique()))
-        out(f"(coarse ladder" + (f" + {extra} failing point{'s' * (extra != 1)} off it"
-                                 if extra else "") +
-            f"; {left} of {len(df) if args.per_step else df['point'].nunique()} {unit} not "
-            f"shown, all passing: --fine shows them, --per-step every step)")
+        total = len(df) if args.per_step else df["point"].nunique()
+        off = f", with {extra} failing point{'s' * (extra != 1)} off it" if extra else ""
+        if not left:
+            out(f"(coarse ladder{off}: all {total} {unit} shown)")
+            return
+        rest = "the other one passes" if left == 1 else f"the other {left} pass"
+        more = "--fine shows every point" + ("" if args.per_step else ", --per-step every step")
+        out(f"(coarse ladder{off}: {total - left} of {total} {unit} shown; {rest}; {more})")

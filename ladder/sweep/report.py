@@ -302,6 +302,44 @@ CSS = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;
        ".pass{color:#070}.fail{color:#b00;font-weight:bold}.error{color:#850}")
 
 
+def _cells(line: str) -> list:
+    """The cells of a markdown table row, '\\|' read back as '|'."""
+    body = line.strip()[1:-1].replace("\\|", "\x00")
+    return [c.strip().replace("\x00", "|") for c in body.split("|")]
+
+
+def markdown_html(md: str) -> str:
+    """The report's markdown sections as HTML: headings, tables, lists and paragraphs (the
+    subset markdown() writes), every text escaped."""
+    out, lines, i = [], md.splitlines(), 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("## "):
+            out.append(f"<h3>{escape(line[3:])}</h3>")
+        elif line.startswith("|"):
+            rows = []
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append(lines[i])
+                i += 1
+            head, body = _cells(rows[0]), [_cells(r) for r in rows[2:]]
+            out.append("<table><tr>" + "".join(f"<th>{escape(c)}</th>" for c in head)
+                       + "</tr>" + "".join("<tr>" + "".join(f"<td>{escape(c)}</td>"
+                                                              for c in r) + "</tr>"
+                                           for r in body) + "</table>")
+            continue
+        elif line.startswith("- "):
+            items = []
+            while i < len(lines) and lines[i].startswith("- "):
+                items.append(f"<li>{escape(lines[i][2:])}</li>")
+                i += 1
+            out.append("<ul>" + "".join(items) + "</ul>")
+            continue
+        elif line.strip():
+            out.append(f"<p>{escape(line)}</p>")
+        i += 1
+    return "\n".join(out)
+
+
 def html(manifest: dict, rows: list, expected: list) -> str:
     keys, varying, layers = _columns(rows)
     t = _title(manifest, rows, expected)
@@ -335,8 +373,7 @@ def html(manifest: dict, rows: list, expected: list) -> str:
                    f"{escape(first[:120])}</td></tr>")
     out.append("</table>")
     md = markdown(manifest, rows, expected)
-    tail = md[md.index("## Worst points"):]            # the markdown's lists, as text
-    out.append(f"<h2>Details</h2><pre style='white-space:pre-wrap'>{escape(tail)}</pre>")
+    out.append("<h2>Details</h2>" + markdown_html(md[md.index("## Worst points"):]))
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 
