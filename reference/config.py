@@ -88,8 +88,9 @@ class V2Config:
              f"engram_layers={self.engram_layers} repeats a layer")
         need(self.engram_sub >= 1, f"engram sub-dim d_model // tables = {self.engram_sub} must be >= 1")
         need(self.kv_window >= 0, f"kv_window={self.kv_window} must be >= 0")
-        need(self.pad_token_id < self.vocab_size,
-             f"pad_token_id={self.pad_token_id} must be < vocab_size={self.vocab_size}")
+        need(0 <= self.pad_token_id < self.vocab_size,
+             f"pad_token_id={self.pad_token_id} outside 0..vocab_size-1={self.vocab_size - 1} "
+             f"(a token id)")
         need(math.isfinite(self.rope_theta) and self.rope_theta > 0,
              f"rope_theta={self.rope_theta!r} must be finite and > 0")
         # below 1 the frequencies base^(-2k/d) grow with k; below ~1e-38 they overflow float32

@@ -267,6 +267,15 @@ def parse_bits_map(spec: str) -> tuple:
         if "=" not in part:
             raise ValueError(f"bits map {spec!r}: entry {part.strip()!r} is not prefix=bits")
         key, value = (s.strip() for s in part.split("=", 1))
+        odd = next((i for i, ch in enumerate(key) if not (ch.isascii() and (ch.isalnum()
+                                                                            or ch in "_./"))),
+                   None)
+        if odd is not None or not key:
+            # a look-alike (fullwidth 'ｅmbedding') would match no tensor and pass unnoticed
+            raise ValueError(f"bits map {spec!r}: key {key!r} " + (
+                "is empty" if odd is None else
+                f"holds {key[odd]!r} (U+{ord(key[odd]):04X}) at character {odd}") +
+                "; keys are ASCII tensor-name prefixes (letters, digits, _ . /)")
         try:
             num = float(value)
         except ValueError:

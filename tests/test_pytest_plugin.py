@@ -255,6 +255,8 @@ def test_the_readme_example_runs_and_prints_the_summary_it_shows(inner):
      "--ladder-plant hpost_one plants a bug in our port"),
     (["--ladder-plant", "no_such_fault"], "--ladder-plant no_such_fault: unknown; known: "),
     (["--ladder-regen", "--ladder-regen-all"], "--ladder-regen and --ladder-regen-all"),
+    (["--ladder-plant", ""], "--ladder-plant '': empty"),            # issue 32: not "no fault"
+    (["--ladder-port", " "], "--ladder-port ' ': empty"),
 ])
 def test_flags_that_contradict_or_name_nothing_are_usage_errors(inner, flags, needle):
     inner.makepyfile(test_u=f"def test_u(ladder_check):\n    ladder_check({SHORT})\n")

@@ -74,9 +74,11 @@ def sparse_attn_v41_torch(q, rows_a, rows_b, idx, scale: float, sink, block: int
     for b0 in range(0, idx.shape[1], block):
         j = idx[:, b0:b0 + block]
         valid = j >= 0
-        r = rows_a.float()[j.clamp(0, na - 1)]                          # [T, B, D]
+        # gather, then widen (exact): widening the whole cache first would cost a pass over
+        # max_seq_len // ratio rows per block
+        r = rows_a[j.clamp(0, na - 1)].float()                          # [T, B, D]
         if rows_b is not None:
-            rb = rows_b.float()[(j - na).clamp(0, rows_b.shape[0] - 1)]
+            rb = rows_b[(j - na).clamp(0, rows_b.shape[0] - 1)].float()
             r = torch.where((j >= na)[..., None], rb, r)
         r = torch.where(valid[..., None], r, 0.0)
         s = torch.einsum("thd,tbd->thb", qf, r) * scale

@@ -228,6 +228,13 @@ def _empty_paths(args) -> None:
         v = getattr(args, dest, None)
         if isinstance(v, str) and not v.strip():
             _fail(f"{flag} {v!r}: empty path; give a file, or drop {flag}")
+    for flag, dest, what in (("--plant", "plant", "name a fault (--list-faults lists them)"),
+                             ("--port", "port", "give module:factory"),
+                             ("--dump", "dump", "give a recording's path")):
+        v = getattr(args, dest, None)
+        if isinstance(v, str) and not v.strip():
+            # '' would read as "not given": a run without the fault (or port) it was asked for
+            _fail(f"{flag} {v!r}: empty; {what}, or drop {flag}")
 
 
 def _device_kind(args) -> None:

@@ -101,6 +101,9 @@ def pytest_configure(config):
                                        "for ladder_check / ladder_fixture; keys: "
                                        + ", ".join(SCHEDULE_KEYS))
     port, dump, plant = (config.getoption(f"--ladder-{n}") for n in ("port", "dump", "plant"))
+    for name, v in (("port", port), ("dump", dump), ("plant", plant)):
+        if isinstance(v, str) and not v.strip():     # '' would read as "not given"
+            raise pytest.UsageError(f"--ladder-{name} {v!r}: empty; give a value or drop it")
     if port and dump:
         raise pytest.UsageError("--ladder-port and --ladder-dump: give one of them")
     if config.getoption("--ladder-regen") and config.getoption("--ladder-regen-all"):

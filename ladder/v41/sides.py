@@ -206,6 +206,11 @@ def implied_bytes(a: V41Args, calls) -> dict:
                          "n_layers/window_size/head_dim"),
         "compressed caches": (runtimes * cache_rows * (a.head_dim + a.index_head_dim) * bf,
                               "max_seq_len/compress_ratios"),
+        # a compressor holds the rows of one block, `ratio` of them, pooled in float32 (values
+        # and scores), for the kv and the index head
+        "compressor states": (runtimes * sum(r for r in ratios if r > 1)
+                              * (a.head_dim + a.index_head_dim) * 4 * 2,
+                              "compress_ratios/head_dim"),
         "output rows": (runtimes * a.max_seq_len * a.dim * bf, "max_seq_len/dim"),
         "attention tiles": (m * sel * a.n_heads * a.head_dim * 4 * 4,
                             "window_size/index_topk/n_heads/head_dim"),

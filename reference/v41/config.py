@@ -167,6 +167,17 @@ class V41Args:
                  and all(_is_int(x) and abs(x) <= MAX_INT for x in v),
                  f"{name}={short_repr(v)} must be a sequence of at most {MAX_LIST} integers in "
                  f"-{MAX_INT}..{MAX_INT}")
+        # YaRN (official precompute_freqs_cis) takes log(original_seq_len / beta); a frequency
+        # f_k <= 1 turns at most original_seq_len / 2pi times over the original context, so a
+        # rotation count past original_seq_len is none the table has, and the band runs from
+        # beta_fast's dimension down to beta_slow's
+        need(self.original_seq_len >= 1,
+             f"original_seq_len={self.original_seq_len} outside 1..{MAX_INT} (YaRN divides the "
+             f"original context by the betas and takes its log)")
+        need(self.beta_slow <= self.beta_fast <= self.original_seq_len,
+             f"beta_slow={short_repr(self.beta_slow)}, beta_fast={short_repr(self.beta_fast)}: "
+             f"need 0 < beta_slow <= beta_fast <= original_seq_len={self.original_seq_len} "
+             f"(YaRN rotation counts over the original context)")
         rd = self.rope_head_dim
         need(rd % 2 == 0 and rd // 2 <= 256, f"rope_head_dim={rd} must be even and <= 512")
         need(rd <= self.head_dim and rd <= self.index_head_dim,
@@ -183,6 +194,12 @@ class V41Args:
              f"n_heads={self.n_heads} not divisible by o_groups={self.o_groups}")
         need(all(r >= 0 for r in self.compress_ratios),
              f"compress_ratios={self.compress_ratios} must be >= 0")
+        big = next((i for i, r in enumerate(self.compress_ratios) if r > self.max_seq_len), None)
+        # a block longer than the sequence never completes, and its compressor's state holds
+        # `ratio` rows
+        need(big is None, f"compress_ratios[{big}]={self.compress_ratios[big] if big is not None else 0}"
+                          f" outside 0..max_seq_len={self.max_seq_len} (a compression block "
+                          f"cannot be longer than the sequence)")
         n = self.n_layers
         # the official Block takes compress_ratios[layer_id] for every backbone layer
         need(len(self.compress_ratios) >= n,
