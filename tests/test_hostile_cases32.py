@@ -105,3 +105,115 @@ def test_an_empty_plant_port_or_dump_is_refused(tmp_path, capsys, monkeypatch, a
     monkeypatch.chdir(tmp_path)
     flag = next(a for a in argv if a in ("--plant", "--port", "--dump"))
     _refused(argv, capsys, tmp_path, f"{flag} '{argv[argv.index(flag) + 1]}': empty")
+
+
+# ---- found by the fuzzing of the new readers (tests/hostile_readers.py) ----
+
+def _doctored_archive(tmp_path, edit):
+    """A trace archive of ours with `edit(manifest)` applied in its metadata."""
+    import struct
+    from ladder.engine.archive import META_KEY
+    src = tmp_path / "a.safetensors"
+    assert ladder_main(["dump", "torch", "--out", str(src), "--prompt-len", "2", "--steps",
+                        "1"]) == 0
+    data = src.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    m = json.loads(header["__metadata__"][META_KEY])
+    edit(m)
+    header["__metadata__"][META_KEY] = json.dumps(m)
+    h = json.dumps(header).encode()
+    out = tmp_path / "bad.safetensors"
+    out.write_bytes(struct.pack("<Q", len(h)) + h + data[8 + n:])
+    src.unlink()
+    return str(out)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: m["points"].__setitem__(0, ["L00.u"]), "point name \"['L00.u']\" must be a string"),
+    (lambda m: m["producer"].update(backend=1e308), "field producer.backend must be a string"),
+    (lambda m: m["geometry"].update(vocab_size=[0] * 5000), "geometry field vocab_size is [0, 0,"),
+    (lambda m: m["geometry"].update(engram_layers=7), "geometry field engram_layers is 7"),
+])
+def test_an_archive_manifest_of_the_wrong_types_is_refused(tmp_path, capsys, edit, match):
+    path = _doctored_archive(tmp_path, edit)
+    capsys.readouterr()
+    err = _refused(["compare", path], capsys, tmp_path, match)
+    assert len(err) < 400, err                         # a 5,000-entry list is not printed
+
+
+def test_a_needle_rs_blob_with_a_zero_dimension_is_refused(tmp_path, capsys):
+    stem = tmp_path / "nrs"
+    assert ladder_main(["regen", "--format", "needle-rs", "--out", str(stem), "--prompt-len",
+                        "2", "--steps", "1"]) == 0
+    m = json.loads((tmp_path / "nrs.json").read_text())
+    key = next(iter(m["blob_index"]))
+    m["blob_index"][key]["shape"] = [1, 0]
+    (tmp_path / "nrs.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    _refused(["compare", str(stem)], capsys, tmp_path, "shape[1]=0 must be an integer in 1..")
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda h, body: (h, body + b"\0" * 8), "8 bytes follow the last tensor"),
+    (lambda h, body: ({**h, **{k: {**v, "data_offsets": [-4, v["data_offsets"][1]]}
+                              for k, v in list(h.items())[:1] if k != "__metadata__"}}, body),
+     "a non-negative integer was expected"),
+])
+def test_needle_trace_refuses_an_image_that_does_not_tile(tmp_path, edit, match):
+    import struct
+    import subprocess
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import hostile_readers as hr
+    image = str(tmp_path / "image.safetensors")
+    exe = hr._image(image)
+    data = open(image, "rb").read()
+    header, body = hr.st_parts(data)
+    header = {k: v for k, v in header.items()}
+    if "__metadata__" in header:
+        header = {"__metadata__": header.pop("__metadata__"), **header}
+    h, b = edit(header, body)
+    with open(image, "wb") as f:
+        f.write(hr.st_join(json.dumps(h), b))
+    res = subprocess.run([exe, image, str(tmp_path / "out.safetensors")], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and match in res.stderr, \
+        res.stderr
+    assert not os.path.exists(tmp_path / "out.safetensors")
+    del struct
+
+
+PORTS = {
+    "raises": ("def build(params, cfg):\n    raise ZeroDivisionError('boom')\n",
+               ":build: its factory raised ZeroDivisionError: boom"),
+    "not a port": ("def build(params, cfg):\n    return 7\n",
+                   "the object its factory returned lacks make_state()"),
+    "sleeps": ("import time\ndef build(params, cfg):\n    time.sleep(30)\n",
+               "its factory did not return within 1 s (--port-timeout)"),
+    "step sleeps": ("import time\nclass P:\n    def make_state(self):\n        return 0\n"
+                    "    def step_traced(self, *a):\n        time.sleep(30)\n"
+                    "def build(params, cfg):\n    return P()\n",
+                    "step_traced at prefill (token"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PORTS))
+def test_a_misbehaving_port_is_one_line_naming_the_call(tmp_path, capsys, monkeypatch, kind):
+    src, match = PORTS[kind]
+    mod = "bad_port_" + kind.replace(" ", "_")          # its own name: imports are cached
+    (tmp_path / f"{mod}.py").write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    import time
+    t0 = time.monotonic()
+    _refused(["run", "--port", f"{mod}:build", "--port-timeout", "1", "--steps", "1",
+              "--no-check-plain"], capsys, tmp_path, match)
+    assert time.monotonic() - t0 < 20                 # the 30 s sleep was cut at 1 s
+
+
+def test_port_timeout_needs_a_port_and_a_positive_bound(tmp_path, capsys):
+    _refused(["run", "--port-timeout", "5"], capsys, tmp_path, "--port-timeout 5: bounds an "
+             "in-process --port's calls")
+    _refused(["run", "--port", "x:y", "--port-timeout", "0"], capsys, tmp_path,
+             "--port-timeout 0.0: seconds in (0, 86400]")

@@ -77,7 +77,8 @@ def _reframe(raw: bytes, edit) -> bytes:
 
 
 @pytest.mark.parametrize("edit,needle", [
-    (lambda h: h.pop("emb"), "no tensor emb"),
+    # renamed, not dropped: its bytes stay, so the data still tiles (a gap is refused first)
+    (lambda h: h.__setitem__("emb_renamed", h.pop("emb")), "no tensor emb"),
     (lambda h: h["qn"].update(dtype="I64"), "tensor qn has the wrong dtype"),
     (lambda h: h["s/L"].update(data_offsets=[0, 10 ** 12]), "past the file"),
     (lambda h: h["d1"].update(shape=[3]), "shape and data_offsets disagree"),

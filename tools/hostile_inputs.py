@@ -3,6 +3,7 @@ as a table.
 
     python tools/hostile_inputs.py [--only NAME ...] [--pythonpath DIR] [--timeout 60]
                                    [--max-as 4G] [--json OUT]
+    python tools/hostile_inputs.py --readers 150 [--seed 32] [--json OUT]
 
 Builds every case of the issue in a temporary directory (a .cact whose header declares a huge
 max_seq_len or Engram dilation, links to /dev/zero, FIFOs, a 50,000-level dotted TOML key, an
@@ -12,6 +13,12 @@ address-space limit (--max-as) and a CPU-time limit, so that a regression cannot
 machine down. Reports per case: exit status, wall time, peak resident set (wait4's ru_maxrss),
 whether a traceback was printed, and the last line of stderr. The project's contract is exit 2,
 one line, no traceback, well under the limits.
+
+--readers N generates N hostile inputs for each reader added since (trace archives and their
+manifests, needle-rs fixtures, name maps, sweep grids, result.json / sweep.json for --merge,
+--port factories, needle_trace's image; tests/hostile_readers.py) and runs each through the CLI
+(in one limited child process per reader): a table of exit 2 clean, accepted legitimately,
+judged failing, and what must stay 0: hostile inputs accepted, tracebacks, timeouts.
 
 --pythonpath runs the CLI from another source tree (e.g. an export of an older commit) against
 the same files: the "before" column of the issue's table.
@@ -172,6 +179,7 @@ def cases(tmp) -> list:
         tmp, "thetanan", cfg_change={"rope_theta": float("nan")})]))
     c += issue24_cases(tmp)
     c += issue20_cases(tmp)
+    c += issue32_cases(tmp)
     c.append(("legit: tiny preset", LADDER))
     c.append(("legit: cact max_seq_len=2^20", cact("seq20", max_seq_len=2 ** 20)))
     return c
@@ -233,6 +241,25 @@ def issue24_cases(tmp) -> list:
          ("reference --seed 2**64", REFERENCE + ["--seed", str(2 ** 64)]),
          ("reference --save unwritable", REFERENCE + ["--save", "/proc/version"])]
     return c
+
+
+def issue32_cases(tmp) -> list:
+    """Issue 32: the six left from the last round (the 1M-position geometry is accepted: it
+    must finish well inside the timeout)."""
+    ma = lambda **kw: (lambda m: m["model_args"].update(kw))  # noqa: E731
+    v41 = lambda name, **kw: V41 + ["--fixture", v41_copy(tmp, name, ma(**kw))]  # noqa: E731
+    return [("v41 compress_ratios 10^9", v41("v41r", compress_ratios=[0, 0, 10 ** 9, 2, 1, 1,
+                                                                      1, 1])),
+            ("v41 max_seq_len=1048576 (accepted)", v41("v41m", max_seq_len=1048576)),
+            ("params pad_token_id=-5", LADDER + ["--params", params_file(
+                tmp, "pad5", cfg_change={"pad_token_id": -5})]),
+            ("params pad_token_id=-2147483647", LADDER + ["--params", params_file(
+                tmp, "padmin", cfg_change={"pad_token_id": -2147483647})]),
+            ("v41 original_seq_len=0", v41("v41o", original_seq_len=0)),
+            ("v41 beta_slow=10^9", v41("v41b9", beta_slow=10 ** 9)),
+            ("--bits-map fullwidth key", LADDER + ["--weights", "cq", "--bits-map",
+                                                   "\uff45mbedding=4,default=2"]),
+            ("--plant ''", LADDER + ["--plant", ""])]
 
 
 COMPARE = [sys.executable, "-m", "ladder", "compare"]
@@ -383,6 +410,114 @@ def run(argv, env, timeout: float, max_as: int) -> dict:
             "stderr_lines": len(lines), "last": lines[-1][:160] if lines else ""}
 
 
+# ---------------------------------------------------------------- --readers: generated cases
+VERDICTS = ("exit 2 clean", "accepted legitimately", "judged failing", "hostile accepted",
+            "traceback", "timeout")
+
+
+def _one_reader_case(case, ladder, timeout: float) -> str:
+    """Which of VERDICTS one generated case earns through the CLI (in this process)."""
+    import contextlib
+    import io
+    import signal
+
+    def expired(signum, frame):
+        raise TimeoutError
+    signal.signal(signal.SIGALRM, expired)
+    signal.alarm(max(1, int(timeout)))
+    err = io.StringIO()
+    try:
+        if not case.argv:                    # needle_trace's image: the program itself
+            try:
+                case.read()
+                rc, text = 0, ""
+            except case.errors as e:
+                rc, text = 2, f"error: {e}\n"
+        else:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                rc = ladder(case.argv, out=lambda *a: None)
+            text = err.getvalue()
+    except TimeoutError:
+        return "timeout"
+    except BaseException:                    # noqa: BLE001  anything escaping the CLI
+        return "traceback"
+    finally:
+        signal.alarm(0)
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("building ")]
+    if rc == 2:
+        clean = len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in text
+        return "exit 2 clean" if clean else "traceback"
+    if rc not in (0, 1):
+        return "traceback"
+    if rc == 1 and case.errors and "Diverged" in {e.__name__ for e in case.errors}:
+        return "judged failing"              # a spoiled port, captured and judged
+    if case.hostile:
+        return "hostile accepted"
+    return "accepted legitimately" if rc == 0 else "judged failing"
+
+
+def reader_child(name: str, n: int, seed: int, timeout: float) -> int:
+    """`n` generated cases of reader `name` (tests/hostile_readers.py), each through the CLI in
+    this process; one JSON line of counts, with the kinds of any bad verdict."""
+    import random
+    import shutil
+    sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+    import hostile_readers as hr
+    from ladder.cli.main import main as ladder
+    counts = {"reader": name, "cases": 0, **{v: 0 for v in VERDICTS}, "bad": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        bases = hr.make_bases(os.path.join(tmp, "bases"))
+        rng = random.Random(f"{seed}:{name}")
+        for i in range(n):
+            d = os.path.join(tmp, f"c{i}")
+            os.makedirs(d)
+            sys.path.insert(0, d)            # a --port case's module
+            case = hr.READERS[name](rng, bases, d)
+            verdict = _one_reader_case(case, ladder, timeout)
+            sys.path.remove(d)
+            counts["cases"] += 1
+            counts[verdict] += 1
+            if verdict in ("hostile accepted", "traceback", "timeout"):
+                counts["bad"].setdefault(verdict, []).append(case.kind[:80])
+            shutil.rmtree(d, ignore_errors=True)
+    print(json.dumps(counts))
+    return 0
+
+
+def readers_report(n: int, seed: int, timeout: float, max_as: int, as_json: str | None) -> int:
+    sys.path[:0] = [os.path.join(ROOT, "tests")]
+    import hostile_readers as hr
+    rows = []
+    print(f"{n} generated cases per reader, seed {seed}, through the CLI; --max-as per reader")
+    print("| reader | cases | " + " | ".join(VERDICTS) + " | seconds |")
+    print("|---|---|" + "---|" * len(VERDICTS) + "---|")
+    for name in hr.READERS:
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, __file__, "--reader-child", name, "--readers",
+                              str(n), "--seed", str(seed), "--timeout", str(timeout)],
+                             capture_output=True, text=True, cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=ROOT),
+                             preexec_fn=_limits(max_as, int(n * timeout) + 300))
+        try:
+            r = json.loads(res.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            r = {"reader": name, "cases": 0, **{v: 0 for v in VERDICTS},
+                 "bad": {"harness": res.stderr.strip().splitlines()[-3:]}}
+        r["seconds"] = round(time.perf_counter() - t0, 1)
+        rows.append(r)
+        print(f"| {name} | {r['cases']} | " + " | ".join(str(r[v]) for v in VERDICTS)
+              + f" | {r['seconds']} |", flush=True)
+        for verdict, kinds in r["bad"].items():
+            print(f"|  {verdict}: {', '.join(map(str, kinds[:5]))} |")
+    total = {v: sum(r[v] for r in rows) for v in ("cases",) + VERDICTS}
+    print(f"| all | {total['cases']} | " + " | ".join(str(total[v]) for v in VERDICTS) + " | |")
+    if as_json:
+        with open(as_json, "w") as f:
+            json.dump(rows, f, indent=1)
+    bad = total["hostile accepted"] + total["traceback"] + total["timeout"]
+    return 1 if bad else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="*", help="substrings of case names to run")
@@ -392,10 +527,19 @@ def main(argv=None) -> int:
     ap.add_argument("--one", help=argparse.SUPPRESS)      # internal: run one case, print JSON
     ap.add_argument("--encode", help=argparse.SUPPRESS)   # internal: the tokenizer case
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--readers", type=int, metavar="N", help="instead: N generated cases per "
+                    "reader added since issue 16 (tests/hostile_readers.py), a table per reader")
+    ap.add_argument("--seed", type=int, default=32, help="--readers: the generators' seed")
+    ap.add_argument("--reader-child", help=argparse.SUPPRESS)   # internal: one reader's cases
     args = ap.parse_args(argv)
     if args.encode:
         return _encode(args.encode)
     from reference.memory_budget import parse_size
+    if args.reader_child:
+        return reader_child(args.reader_child, args.readers, args.seed, args.timeout)
+    if args.readers:
+        return readers_report(args.readers, args.seed, args.timeout, parse_size(args.max_as),
+                              args.json)
     env = dict(os.environ, PYTHONPATH=args.pythonpath)
     with tempfile.TemporaryDirectory() as tmp:
         todo = cases(tmp)

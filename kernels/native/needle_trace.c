@@ -138,6 +138,32 @@ static void skip_value(int depth)
 static int64_t file_size, data_start;
 static unsigned char *image;
 
+static int by_offset(const void *a, const void *b)
+{
+    int64_t x = entries[*(const int *)a].lo, y = entries[*(const int *)b].lo;
+    return (x > y) - (x < y);
+}
+
+/* The tensors tile the data exactly, as safetensors writes them and bounded/safetensors.py
+   demands: no gap, no overlap, no bytes after the last one. */
+static void check_tiling(void)
+{
+    static int order[MAX_TENSORS];
+    for (int i = 0; i < n_entries; i++) order[i] = i;
+    qsort(order, (size_t)n_entries, sizeof order[0], by_offset);
+    int64_t end = 0;
+    for (int i = 0; i < n_entries; i++) {
+        Entry *e = &entries[order[i]];
+        if (e->lo != end)
+            die(2, "image: tensor %s starts at data offset %lld, not where the previous one "
+                "ends (tensors must tile the data)", e->name, (long long)e->lo);
+        end = e->hi;
+    }
+    if (end != file_size - data_start)
+        die(2, "image: %s%lld bytes follow the last tensor", "",
+            (long long)(file_size - data_start - end));
+}
+
 static void parse_header(void)
 {
     uint64_t hlen;
@@ -175,11 +201,12 @@ static void parse_header(void)
             } else skip_value(0);
         } while (expect(','));
         if (!expect('}') || seen != 7) bad("a tensor entry lacks dtype, shape or data_offsets");
-        if (e->lo > e->hi || e->hi > file_size - data_start)
-            die(2, "image: tensor %s: data_offsets end %lld past the file", e->name,
-                (long long)e->hi);
+        if (e->lo < 0 || e->lo > e->hi || e->hi > file_size - data_start)
+            die(2, "image: tensor %s: data_offsets end %lld past the file (or out of order)",
+                e->name, (long long)e->hi);
     } while (expect(','));
     if (!expect('}')) bad("the header object is not closed");
+    check_tiling();
 }
 
 static int64_t elem_size(const char *dtype)

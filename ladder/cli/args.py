@@ -108,6 +108,17 @@ def _schedule_flags(args) -> None:
         _fail(f"--seed {args.seed}: outside -2**63..2**64-1, the range torch seeds take")
 
 
+def _port_timeout(args) -> None:
+    t = getattr(args, "port_timeout", None)
+    if t is None:
+        return
+    if not getattr(args, "port", None):
+        _fail(f"--port-timeout {t:g}: bounds an in-process --port's calls; give --port or drop "
+              f"--port-timeout")
+    if not (0 < t <= 86400):          # nan fails both comparisons
+        _fail(f"--port-timeout {t!r}: seconds in (0, 86400]")
+
+
 def _port_flags(args) -> None:
     if args.weights not in (None, "dense", "cq"):
         _fail(f"--weights {args.weights}: must be dense or cq (default: cq for --cact, else "
@@ -270,6 +281,7 @@ def check(args) -> None:
         _regen_flags(args)
         return
     _port_flags(args)
+    _port_timeout(args)
     if args.cmd in ("compare", "dump"):
         if args.cmd == "dump":
             writable_dir("--out", os.path.dirname(os.path.abspath(args.out)) if args.out

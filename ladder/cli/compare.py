@@ -35,13 +35,17 @@ def run_live(spec, args, params, cfg, cactfile, tokens, prompt, window, progress
         if not args.port:
             raise _err("compare: side 'port' needs --port module:factory")
         from ladder.sides import ports
-        port = ports.build_port(args.port, params, cfg)
-        state_window = getattr(port.make_state(), "window", window)
+        timeout = getattr(args, "port_timeout", None)
+        port = ports.build_port(args.port, params, cfg, timeout=timeout)
+        state_window = getattr(ports.guarded_call(f"--port {args.port}: make_state()",
+                                                  port.make_state, timeout=timeout),
+                               "window", window)
         if state_window != window:
             raise _err(f"compare: --port {args.port} steps on a window of {state_window}; the "
                        f"schedule's is {window}")
         return ports.capture_protocol(port, cfg, tokens, prompt, check_plain=check,
-                                progress=progress, label=f"port {args.port}"), params, args.port
+                                      progress=progress, label=f"port {args.port}",
+                                      timeout=timeout), params, args.port
     if spec == "native-exe":
         import tempfile
         with tempfile.TemporaryDirectory() as tmp:

@@ -162,6 +162,10 @@ def parse_manifest(text, where: str) -> dict:
                       ("weights", dict), ("schedule", dict), ("argmax", dict),
                       ("captured", str), ("points", list), ("not_emitted", dict)):
         _need(m, key, kind, where)
+    for k, v in m["producer"].items():
+        if not (v is None or isinstance(v, str)):      # printed as the side's label
+            raise ArchiveError(f"{where}: field producer.{str(k)[:40]} must be a string, not "
+                               f"{type(v).__name__}")
     if m["captured"] not in CAPTURED:
         raise ArchiveError(f"{where}: field captured={m['captured'][:20]!r}; one of {CAPTURED}")
     m.setdefault("leading_axis", "positions")
@@ -197,10 +201,12 @@ def parse_manifest(text, where: str) -> dict:
     if used != len(tokens) or len({s.name for s in out}) != len(out):
         raise ArchiveError(f"{where}: field schedule.steps must cover the {len(tokens)} tokens "
                            f"once, with distinct names")
-    if len(m["points"]) > MAX_POINTS or len(set(m["points"])) != len(m["points"]):
+    if len(m["points"]) > MAX_POINTS:
         raise ArchiveError(f"{where}: field points must list at most {MAX_POINTS} distinct names")
-    for p in m["points"]:
+    for p in m["points"]:                    # each a name before the set below hashes them
         _name(p, "point name", f"{where}: points")
+    if len(set(m["points"])) != len(m["points"]):
+        raise ArchiveError(f"{where}: field points must list at most {MAX_POINTS} distinct names")
     for k, why in m["not_emitted"].items():
         if not isinstance(why, str):
             raise ArchiveError(f"{where}: field not_emitted[{k[:40]!r}] must be a string")

@@ -121,7 +121,8 @@ def read(stem, max_memory: int | None = None, name_map=None) -> Ladder:
             f.close()
             raise NeedleRsError(f"{at}: needs offset and a shape of at most {MAX_DIMS} dims")
         off = _int(e.get("offset"), 0, n_floats, "offset", at)
-        shape = [_int(d, 0, n_floats, f"shape[{i}]", at) for i, d in enumerate(e["shape"])]
+        # a dimension of 0 would hold no value, where the reader below counts one (as [])
+        shape = [_int(d, 1, n_floats, f"shape[{i}]", at) for i, d in enumerate(e["shape"])]
         count = max(math.prod(shape), 1)            # as the Rust reader: [] holds one value
         if off + count > n_floats:
             f.close()

@@ -100,8 +100,8 @@ def geometry_mismatch(a: dict, b: dict):
     for f in GEOMETRY_FIELDS:
         if f in a and f in b:
             va, vb = a[f], b[f]
-            if isinstance(va, (list, tuple)) or isinstance(vb, (list, tuple)):
-                va, vb = list(va), list(vb)
+            if isinstance(va, (list, tuple)) and isinstance(vb, (list, tuple)):
+                va, vb = list(va), list(vb)     # a tuple and a list of one geometry agree
             if va != vb:
                 return f, a[f], b[f]
     return None

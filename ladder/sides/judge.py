@@ -208,7 +208,8 @@ def capture(port, model: ModelUnderTest, *, tokens=None, prompt_len=None, steps=
             raise JudgeError(f"window={window}: the recording stepped on window {win}")
         return Captured(port, recorded, recorded.label or "recording", tokens, prompt_len,
                         win, None, False)
-    made = getattr(port.make_state(), "window", None)
+    from ladder.sides.ports import guarded_call
+    made = getattr(guarded_call("the port's make_state()", port.make_state), "window", None)
     if window is None:
         window = made if made is not None else model.cfg.kv_window
     override = None if made == window else window

@@ -17,7 +17,10 @@ layer from the port's own recorded inputs (ladder/sides/dump_locate.py), as it d
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
+import threading
 
 import torch
 
@@ -51,8 +54,43 @@ def load_factory(spec: str):
     return obj
 
 
-def build_port(spec: str, params: dict, cfg):
-    port = load_factory(spec)(params, cfg)
+@contextlib.contextmanager
+def time_limit(seconds, what: str):
+    """PortLoadError when the block runs past `seconds` (--port-timeout; None: no limit). A
+    SIGALRM timer, so only in the main thread of a Unix process; elsewhere the block runs
+    unbounded (the plugin's tests, under pytest's own timeouts)."""
+    if not seconds or threading.current_thread() is not threading.main_thread() \
+            or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expired(signum, frame):
+        raise PortLoadError(f"{what} did not return within {seconds:g} s (--port-timeout)")
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def guarded_call(what: str, fn, *args, timeout=None):
+    """fn(*args), with any exception of the port's own code reported as PortLoadError naming
+    `what` (a traceback from someone else's port is not ours to print); the harness's own
+    errors (TraceError from the recorder, PortLoadError) pass through."""
+    try:
+        with time_limit(timeout, what):
+            return fn(*args)
+    except (TraceError, PortLoadError):
+        raise
+    except Exception as e:          # noqa: BLE001 (the port's code may raise anything)
+        raise PortLoadError(f"{what} raised {type(e).__name__}: {str(e)[:300]}") from None
+
+
+def build_port(spec: str, params: dict, cfg, timeout=None):
+    factory = load_factory(spec)
+    port = guarded_call(f"--port {spec}: its factory", factory, params, cfg, timeout=timeout)
     missing = [n for n in REQUIRED if not callable(getattr(port, n, None))]
     if missing:
         raise PortLoadError(f"--port {spec}: the object its factory returned lacks "
@@ -61,23 +99,26 @@ def build_port(spec: str, params: dict, cfg):
 
 
 def capture_protocol(port, cfg, tokens, prompt_len: int, *, check_plain: bool = False,
-                     progress=None, label: str = "port") -> Ladder:
+                     progress=None, label: str = "port", timeout=None) -> Ladder:
     """Every position through `step_traced`, recorded as a Ladder checked against the
     registry; with check_plain and a `step`, the plain step must give the same logits."""
     from ladder.sides.capture import note_hidden
     from ladder.sides.capture import check_ladder
     steps = schedule(tokens, prompt_len)
     ladder = Ladder(steps, label=label)
-    state = port.make_state()
-    plain = port.make_state() if check_plain and callable(getattr(port, "step", None)) else None
+    state = guarded_call(f"{label}: make_state()", port.make_state, timeout=timeout)
+    plain = guarded_call(f"{label}: make_state()", port.make_state, timeout=timeout) \
+        if check_plain and callable(getattr(port, "step", None)) else None
     hideable = dict(getattr(port, "hidden_points", {}) or {})
     for st in steps:
         rec = PortRecorder(ladder, st)
         for tok in st.tokens:
             rec.next_position()
-            got = port.step_traced(int(tok), state, None, rec)
+            at = f"{label}: step_traced at {st.name} (token {tok})"
+            got = guarded_call(at, port.step_traced, int(tok), state, None, rec, timeout=timeout)
             if plain is not None:
-                want = port.step(int(tok), plain)
+                want = guarded_call(f"{label}: step at {st.name} (token {tok})", port.step, int(tok),
+                             plain, timeout=timeout)
                 if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)
                         and torch.equal(got, want)):
                     raise TraceError(f"{label}: step_traced logits differ from the plain step "

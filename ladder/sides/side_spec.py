@@ -18,6 +18,12 @@ def _err(msg):
     return LadderInputError(msg)
 
 
+def _brief(v) -> str:
+    """repr(v) cut to 60 characters: a file's value may be a list of thousands."""
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
 def file_sha256(path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -119,8 +125,8 @@ def check_agree(sides: list, cfg, src) -> list:
         if model_geo is not None and geo:
             bad = geometry_mismatch(geo, model_geo)
             if bad:
-                raise _err(f"compare: geometry field {bad[0]} is {bad[1]!r} in {name}, "
-                           f"{bad[2]!r} in the model ({_model_name(src)})")
+                raise _err(f"compare: geometry field {bad[0]} is {_brief(bad[1])} in {name}, "
+                           f"{_brief(bad[2])} in the model ({_model_name(src)})")
         notes.append(weights_identity(name, lad.meta.get("weights") or {}, src))
     for (na, a), (nb, b) in zip(files, files[1:]):
         pa = (a.meta.get("weights") or {}).get("params_sha256")
@@ -131,8 +137,8 @@ def check_agree(sides: list, cfg, src) -> list:
         ga, gb = a.meta.get("geometry") or {}, b.meta.get("geometry") or {}
         bad = geometry_mismatch(ga, gb)
         if bad:
-            raise _err(f"compare: geometry field {bad[0]} is {bad[1]!r} in {na}, {bad[2]!r} "
-                       f"in {nb}")
+            raise _err(f"compare: geometry field {bad[0]} is {_brief(bad[1])} in {na}, "
+                       f"{_brief(bad[2])} in {nb}")
         if a.tokens != b.tokens:
             i = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y),
                      min(len(a.tokens), len(b.tokens)))
