@@ -158,7 +158,9 @@ def test_engram_tables_at_d_model_and_one_past(tiny_cfg):
 
 def test_integer_fields_at_max_int_and_one_past(tiny_cfg):
     d = dict(tiny_cfg.to_dict(), pad_token_id=-MAX_INT)
-    V2Config.from_file_fields(d)
+    # in the integer range, so past the type check; then refused as no token id (issue 32)
+    with pytest.raises(ConfigError, match=f"pad_token_id=-{MAX_INT} outside 0..vocab_size-1"):
+        V2Config.from_file_fields(d)
     with pytest.raises(ConfigError, match=f"-{MAX_INT}..{MAX_INT}"):
         V2Config.from_file_fields(dict(d, pad_token_id=-MAX_INT - 1))
     with pytest.raises(ConfigError, match=f"-{MAX_INT}..{MAX_INT}"):
