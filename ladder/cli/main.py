@@ -7,6 +7,8 @@ run     both sides over a seeded prompt and decode steps past the window; prints
 locate  the same, then the first divergence scanned inside its layer (a linear scan in
         forward order), with local (injected) vs propagated error.
 report  the same, written as markdown, CSV and a self-contained HTML page.
+shrink  the first divergence shrunk to its smallest reproducer, written as a pytest file
+        (ladder/cli/shrink.py, ladder/engine/shrink.py).
 regen   (re)write the forward-parity fixture (tools/gen_v2_forward_parity.py calls this).
 rules   print the default tolerance rules as TOML/JSON, a starting point for --rules.
 points  print the registry: every point's name, shape and scope in forward order.
@@ -49,6 +51,11 @@ def _cmd_sweep(args, out=print) -> int:
     return cmd_sweep(args, out)
 
 
+def _cmd_shrink(args, out=print) -> int:
+    from ladder.cli.shrink import cmd_shrink
+    return cmd_shrink(args, out)
+
+
 def _cmd_points(args, out=print) -> int:
     from ladder.cli.points import cmd_points
     return cmd_points(args, out)
@@ -61,7 +68,8 @@ def main(argv=None, out=print) -> int:
     from ladder.cli import compare as compare_cli
     cmd = {"run": cmd_run, "locate": cmd_locate, "report": cmd_report, "regen": cmd_regen,
            "rules": cmd_rules, "compare": compare_cli.cmd_compare,
-           "dump": compare_cli.cmd_dump, "sweep": _cmd_sweep, "points": _cmd_points}[args.cmd]
+           "dump": compare_cli.cmd_dump, "sweep": _cmd_sweep, "points": _cmd_points,
+           "shrink": _cmd_shrink}[args.cmd]
     if args.cmd in ("compare", "dump") and args.model == "attn_v41":
         from ladder.v41 import archive as v41_archive
         cmd = {"compare": v41_archive.cmd_compare, "dump": v41_archive.cmd_dump}[args.cmd]

@@ -9,8 +9,8 @@ import argparse
 from bounded.size import DEFAULT_MAX_MEMORY, cli_size
 from ladder.sides.model_input import DEFAULT_PROMPT, DEFAULT_STEPS
 
-DESCRIPTION = ("`python -m ladder run | locate | report | regen | compare | dump | rules | points "
-               "| sweep`: a port of needle v2 beside the reference, point by point "
+DESCRIPTION = ("`python -m ladder run | locate | report | shrink | regen | compare | dump | rules "
+               "| points | sweep`: a port of needle v2 beside the reference, point by point "
                "(COMMAND --help: its flags and their defaults)")
 
 
@@ -109,6 +109,23 @@ def memory_arg(p):
                         f"anything is allocated (default {DEFAULT_MAX_MEMORY >> 30}G)")
 
 
+def shrink_args(p) -> None:
+    """shrink's own flags (ladder/cli/shrink.py), beside run's."""
+    p.add_argument("--max-time", type=float, default=None, metavar="SECONDS",
+                   help="stop the search after this long; the smallest schedule found so far "
+                        "is the answer (default: none, search to a fixpoint)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write the pytest file that reproduces the shrunk divergence there "
+                        "(test_shrunk_divergence.py, pytest.ini, README.md)")
+    p.add_argument("--point", default=None, help="the divergence to keep: this first "
+                   "divergent point, e.g. L03.q (default: the unshrunk run's)")
+    p.add_argument("--verdict", default=None, choices=["own", "inherited", "undecided", "path"],
+                   help="the divergence to keep: this own/inherited verdict (default: the "
+                        "unshrunk run's)")
+    p.add_argument("--from-sweep", nargs=2, default=None, metavar=("DIR", "CASE"),
+                   help="shrink a sweep's case: its run flags from DIR/cases/CASE*/result.json")
+
+
 def build_parser(more=()) -> argparse.ArgumentParser:
     """Every command's parser; `more`: functions adding further subcommands (sweep's, from
     ladder/cli/main.py, which sits above the sweep package)."""
@@ -125,6 +142,11 @@ def build_parser(more=()) -> argparse.ArgumentParser:
             p.add_argument("--stem", default="ladder", help="file name stem")
             p.add_argument("--plot", default="auto", choices=["auto", "svg", "png"],
                            help="figure format (auto: PNG via matplotlib if installed)")
+    p = sub.add_parser("shrink", help="shrink a divergence to its smallest reproducer (fewest "
+                       "positions, shortest prompt, smallest window) and write it as a pytest "
+                       "file")
+    model_args(p)
+    shrink_args(p)
     p = sub.add_parser("regen", help="regenerate the forward-parity fixture")
     model_args(p, regen=True)
     p.add_argument("--out", default=None,

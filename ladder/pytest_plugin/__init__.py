@@ -115,9 +115,10 @@ def pytest_configure(config):
             raise pytest.UsageError(f"--ladder-plant {plant} plants a bug in our port "
                                     f"(port.V2Model); the port under test is {other}")
         from ladder.sides.faults import FAULTS
-        if plant not in FAULTS:
+        from ladder.sides.path_faults import PATH_FAULTS
+        if plant not in FAULTS and plant not in PATH_FAULTS:
             raise pytest.UsageError(f"--ladder-plant {plant}: unknown; known: "
-                                    f"{', '.join(sorted(FAULTS))}")
+                                    f"{', '.join(sorted(FAULTS) + sorted(PATH_FAULTS))}")
     if _opt(config, "port") and not hasattr(config, "workerinput"):
         _check_port_spec(config, _opt(config, "port"))
 
@@ -266,7 +267,9 @@ def ladder_port(pytestconfig, ladder_reference):
         yield ladder_reference.our_port(_opt(c, "backend"), _opt(c, "decode"), _opt(c, "device"))
         return
     from ladder.sides.faults import planted                  # the name was checked in pytest_configure
-    with planted(fault, _opt(c, "backend")):
+    from ladder.sides.path_faults import PATH_FAULTS
+    path = PATH_FAULTS.get(fault)                # a bug in one plain path (the check finds it)
+    with path.plant() if path is not None else planted(fault, _opt(c, "backend")):
         yield ladder_reference.our_port(_opt(c, "backend"), _opt(c, "decode"),
                                         _opt(c, "device"))
 

@@ -1,0 +1,186 @@
+"""`python -m ladder shrink`: a divergence shrunk to its smallest reproducer, handed back as a
+pytest file.
+
+Takes what `run` takes (our port with --backend/--weights/--decode, or --port module:factory;
+--plant FAULT) or a sweep's case (--from-sweep DIR CASE), finds the divergence the unshrunk
+run shows (or the one --point / --verdict name), and searches for the smallest schedule that
+still shows it (ladder/engine/shrink.py says how). Each candidate is one ordinary comparison
+(`judge`, as `ladder_check` runs it), under --max-memory and --max-time. With --out DIR it
+writes DIR/test_shrunk_divergence.py (the plugin's `ladder_check` on the schedule),
+DIR/pytest.ini (the model and port flags) and DIR/README.md; nothing is written when the
+search fails (no divergence to keep).
+"""
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import sys
+
+from ladder.engine.shrink import Divergence, Schedule, Search
+from ladder.sides.model_input import LadderInputError
+
+TEST_FILE = "test_shrunk_divergence.py"
+
+
+def _divergence(verdict) -> Divergence | None:
+    if verdict.passed:
+        return None
+    loc = verdict.location
+    first = loc.first if loc is not None else verdict.cmp.first
+    err = first.first_bad_error
+    return Divergence(first.point, (loc.split or "") if loc is not None else "", first.step,
+                      first.first_bad_pos, math.inf if math.isnan(err) else err)
+
+
+def checker(args, model, planted_path: bool):
+    """schedule -> the Divergence it shows (None when every point passes)."""
+    from ladder.sides.capture import PathError
+    from ladder.sides.judge import judge
+
+    def check(s: Schedule):
+        port = args.port if args.port else model.our_port(args.backend, args.decode,
+                                                          args.device)
+        kw = {} if args.port else {"window": s.window}
+        try:
+            v = judge(port, model, rules=args.rules, tokens=list(s.tokens),
+                      prompt_len=s.prompt_len,
+                      check_plain=planted_path or not args.no_check_plain, **kw)
+        except PathError as e:
+            return Divergence(f"{e.path}:{e.point}", "path", e.step, e.position, math.inf)
+        return _divergence(v)
+    return check
+
+
+def _from_sweep(args, out):
+    """The run flags of a sweep's case (its result.json's `run`), parsed as `run` parses them."""
+    from ladder.cli.parser import build_parser
+    from ladder.sweep.row import read_result
+    d, case = args.from_sweep
+    cases = os.path.join(d, "cases")
+    names = sorted(n for n in (os.listdir(cases) if os.path.isdir(cases) else [])
+                   if n == case or n.startswith(case + "-"))
+    if len(names) != 1:
+        raise LadderInputError(f"--from-sweep {d} {case}: " + (
+            f"no case {case!r} under {cases}" if not names else
+            f"{len(names)} cases match ({', '.join(names[:4])}); give the full id"))
+    row = read_result(os.path.join(cases, names[0], "result.json"))
+    run = row.get("run") if isinstance(row, dict) else None
+    if not isinstance(run, str) or not run.startswith("python -m ladder run"):
+        raise LadderInputError(f"--from-sweep: {names[0]}/result.json field run={run!r} is not "
+                               f"a `python -m ladder run` command")
+    argv = shlex.split(run)[3:]
+    out(f"from sweep case {names[0]}: {run}")
+    new = build_parser().parse_args(["shrink", *argv[1:]])
+    for k in ("max_time", "out", "point", "verdict", "max_memory"):
+        setattr(new, k, getattr(args, k))
+    new.from_sweep = None
+    return new
+
+
+def cmd_shrink(args, out=print) -> int:
+    if args.from_sweep:
+        from ladder.cli.args import check as check_args
+        from ladder.cli.commands import with_fault
+        args = _from_sweep(args, out)
+        check_args(args)
+        if args.plant:                  # the case's fault, planted as `run` plants it
+            return with_fault(_shrink, args, out)
+    return _shrink(args, out)
+
+
+def _shrink(args, out) -> int:
+    from ladder.cli.args import window_range
+    from ladder.sides.judge import ModelUnderTest
+    for flag, value in (("--dump", args.dump), ("--fixture", args.fixture)):
+        if value:
+            raise LadderInputError(f"shrink {flag} {value}: a recording is one fixed schedule; "
+                                   f"nothing can be re-run on a smaller one (shrink the port "
+                                   f"that wrote it: --port module:factory, or our backends)")
+    if args.model != "needle_v2":
+        raise LadderInputError("shrink: --model attn_v41 runs the fixture's recorded calls; "
+                               "there is no schedule of ours to shrink")
+    from ladder.sides import path_faults
+    model = ModelUnderTest.build(preset=args.preset, seed=args.seed, params=args.params,
+                                 cact=args.cact, weights=args.weights, bits_map=args.bits_map,
+                                 max_memory=args.max_memory)
+    path = path_faults.PATH_FAULTS.get(args.plant) if args.plant else None
+    check = checker(args, model, path is not None)
+    tokens = model.tokens(args.prompt_len + args.steps)
+    made = model.our_port(args.backend, args.decode, args.device).make_state().window \
+        if not args.port else None
+    window = args.window if args.window is not None else (made if made is not None
+                                                         else model.cfg.kv_window)
+    start = Schedule(tuple(tokens), args.prompt_len, window)
+    lo, hi = window_range(model.cfg)
+    windows = range(0, 0) if args.port else range(max(lo, 1), min(hi, window) + 1)
+    progress = (lambda line: print(line, file=sys.stderr, flush=True))
+    # --plant's fault is planted around this whole command (cli/main.py's with_fault)
+    first = check(start)
+    if first is None:
+        out(f"shrink: no divergence on {start.describe()}: nothing to shrink (every "
+            f"point passes its rule)")
+        return 1
+    keep = Divergence(args.point or first.point, first.verdict if args.verdict is None
+                      else args.verdict, first.step, first.position, first.fraction)
+    if not keep.same(first):
+        out(f"shrink: the unshrunk run's first divergence is {first.describe()}, not "
+            f"{keep.point} ({keep.verdict or 'no verdict'}): nothing to keep")
+        return 1
+    out(f"shrink: keeping {first.describe()}; start {start.describe()}")
+    res = Search(check, keep, windows, args.max_time, progress).run(start)
+    out(f"smallest schedule: {res.best.describe()}")
+    out(f"  tokens {list(res.best.tokens)}, prompt_len {res.best.prompt_len}")
+    out(f"divergence: {res.divergence.describe()}")
+    out(f"{res.ratio():.3g}x fewer positions ({len(start.tokens)} -> {len(res.best.tokens)}); "
+        f"{res.tried} candidates in {res.seconds:.1f} s"
+        + ("; stopped by --max-time (the best so far)" if res.timed_out else ""))
+    if args.out:
+        for p in write_reproducer(args, res):
+            out(f"wrote {p}")
+    return 0
+
+
+def pytest_flags(args) -> list:
+    """The plugin's flags for the model and port the search ran on."""
+    flags = []
+    for flag, value, default in (("--ladder-preset", args.preset, "tiny"),
+                                 ("--ladder-seed", args.seed, 0),
+                                 ("--ladder-params", args.params, None),
+                                 ("--ladder-cact", args.cact, None),
+                                 ("--ladder-weights", args.weights, None),
+                                 ("--ladder-backend", args.backend, "torch"),
+                                 ("--ladder-decode", args.decode, "eager"),
+                                 ("--ladder-port", args.port, None)):
+        if value != default and value is not None:
+            v = os.path.abspath(value) if flag in ("--ladder-params", "--ladder-cact") else value
+            flags += [flag, str(v)]
+    return flags
+
+
+def write_reproducer(args, res) -> list:
+    """DIR/test_shrunk_divergence.py, DIR/pytest.ini, DIR/README.md (all or none)."""
+    from ladder.engine.atomic import write_all
+    b, d = res.best, res.divergence
+    window = "" if args.port else f", window={b.window}"
+    plant = f" --ladder-plant {args.plant}" if args.plant else ""
+    test = (f'"""The smallest schedule found by `python -m ladder shrink` that shows\n'
+            f"{d.describe()}.\n\n"
+            f"{res.best.describe()}; shrunk from {len(res.start.tokens)} positions in "
+            f"{res.tried} candidates.\n"
+            f'"""\nimport pytest\n\n\n'
+            f"@pytest.mark.ladder(tokens={list(b.tokens)}, prompt_len={b.prompt_len}{window})\n"
+            f"def test_shrunk_divergence(ladder_check):\n"
+            f"    ladder_check()\n")
+    ini = "[pytest]\naddopts = " + " ".join(shlex.quote(f) for f in pytest_flags(args)) + "\n"
+    if args.port:                   # where `module` of --port module:factory imported from
+        ini += f"pythonpath = {os.getcwd()}\n"
+    fails = f"python -m pytest {args.out}{plant}"
+    readme = (f"`{fails}` reproduces {d.point} ({d.verdict or 'first divergence'}) on "
+              f"{b.describe()}: it fails on the bug and passes once it is fixed"
+              + (f" (without --ladder-plant {args.plant})" if args.plant else "") + ".\n")
+    os.makedirs(args.out, exist_ok=True)
+    files = {os.path.join(args.out, TEST_FILE): test, os.path.join(args.out, "pytest.ini"): ini,
+             os.path.join(args.out, "README.md"): readme}
+    write_all({p: t.encode() for p, t in files.items()})
+    return list(files)
