@@ -15,7 +15,8 @@ import bench_gpu_decode as bench                                    # noqa: E402
 from port.model import V2Model                                     # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-FAST = ["--preset", "tiny", "--device", DEVICE, "--steps", "2", "--warm", "3"]
+# the fewest interpreter steps that still measure: position 1, one untimed step, one timed
+FAST = ["--preset", "tiny", "--device", DEVICE, "--steps", "1", "--warm", "1"]
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +57,7 @@ def test_eight_rows_with_numbers_launches_and_json(tmp_path, capsys):
     rows = table_rows(out)
     assert set(rows) == set(bench.CONFIGS) and len(rows) == 8
     doc = json.loads(out_json.read_text())
-    assert doc["complete"] is True and doc["failed"] == [] and doc["position"] == 3
+    assert doc["complete"] is True and doc["failed"] == [] and doc["position"] == 1
     for name in bench.CONFIGS:
         backend, decode, weights = name.split(":")
         ms, launch, dlogits = rows[name]
@@ -114,7 +115,7 @@ def test_missing_or_foreign_counts_show_na_and_compile_is_skipped_on_cpu(tmp_pat
     (["--steps", "0"], "--steps 0"),
     (["--threads", "0"], "--threads 0"),
     (["--warm", "0"], "--warm 0"),
-    (["--warm", "61"], "max_seq_len=64"),                # 61 + 1 untimed + 2 steps > 63
+    (["--warm", "62"], "max_seq_len=64"),                # 62 + 1 untimed + 1 step > 63
     (["--preset", "nope"], "--preset nope"),
     (["--steps", "two"], "--steps"),
     (["--frobnicate"], "--frobnicate"),
@@ -177,7 +178,7 @@ def test_upstream_row_from_the_interpreter_or_said_missing(tmp_path, capsys):
         fake.chmod(0o755)
         rc = bench.main(FAST + ["--configs", "torch:graph:dense", "--upstream-python", str(fake)])
         assert rc == 0                                  # upstream never fails the run
-        got[name] = table_rows(capsys.readouterr().out)[f"{bench.UPSTREAM_ROW} (at 3)"]
+        got[name] = table_rows(capsys.readouterr().out)[f"{bench.UPSTREAM_ROW} (at 1)"]
     assert got["ok"] == ["3.550", "n/a", "n/a"]
     assert "no 'needle' module" in got["no_wheel"][0] and "unmeasured" in got["no_wheel"][0]
 

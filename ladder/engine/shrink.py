@@ -14,8 +14,8 @@ divergence and goes on from it until none does:
   1. fewer decode steps (from the end),
   2. a shorter prompt (its last tokens dropped; a prefill of 1 at the least),
   3. chunks of positions removed anywhere (ddmin: halves, quarters, ... of the tokens),
-  4. a smaller window (so a divergence that needs the ring to wrap keeps a wrap on fewer
-     positions, and one that does not loses it),
+  4. a smaller window, alone or with the positions cut to fill it (so a divergence that needs
+     the ring to wrap keeps a wrap on fewer positions, and one that does not loses it),
   5. token ids set to CANONICAL (1): all at once, then halves, ..., then one by one;
 and the round of passes repeats while any pass moved (or until --max-time: the best so far is
 the answer). A schedule is compared once, however many passes reach it.
@@ -44,9 +44,9 @@ class Schedule:
         return 0 < self.window < len(self.tokens)
 
     def size(self) -> tuple:
-        """What the search minimises, in order: positions, window, ids off the canonical one,
-        prompt length."""
-        return (len(self.tokens), self.window,
+        """What the search minimises, in order: positions, a wrap of the ring (kept only where
+        the divergence needs it), window, ids off the canonical one, prompt length."""
+        return (len(self.tokens), self.wraps, self.window,
                 sum(t != CANONICAL for t in self.tokens), self.prompt_len)
 
     def describe(self) -> str:
@@ -145,6 +145,9 @@ class Search:
             for w in self.windows:
                 if w < s.window:
                     yield replace(s, window=w)
+                    if len(s.tokens) > w:           # a full window of w, without the wrap
+                        yield replace(s, window=w, tokens=s.tokens[:w],
+                                      prompt_len=min(s.prompt_len, w))
 
         def canonical(s):                         # all at once, then halves, then one by one
             n = len(s.tokens)
