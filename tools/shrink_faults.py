@@ -22,6 +22,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -61,8 +62,10 @@ def shrink(fault, backend, weights, decode, out_dir) -> dict:
     best = text.split("smallest schedule: ", 1)[1].splitlines()[0] if rc == 0 else ""
     div = text.split("divergence: ", 1)[1].splitlines()[0] if rc == 0 else text[-300:]
     tried = int(text.rsplit("; ", 1)[1].split(" candidates")[0]) if rc == 0 else 0
+    m = re.match(r"(.*?)(?: \((\w+)\))? first at ", div)
     return {"rc": rc, "best": best, "positions": int(best.split(" position")[0]) if best else 0,
-            "divergence": div, "point": div.split(" ")[0], "candidates": tried,
+            "divergence": div, "point": m.group(1) if m else div,
+            "verdict": (m.group(2) or "") if m else "", "candidates": tried,
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
@@ -119,10 +122,8 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             d = os.path.join(tmp, "repro")
             r = shrink(fault, backend, weights, decode, d)
-            verdict = r["divergence"].split("(", 1)[1].split(")")[0] if "(" in r["divergence"] \
-                else ""
-            r["brute"] = brute_minimum(fault, backend, weights, decode, r["point"], verdict) \
-                if r["rc"] == 0 else None
+            r["brute"] = brute_minimum(fault, backend, weights, decode, r["point"],
+                                       r["verdict"]) if r["rc"] == 0 else None
             r["reproducer"] = pytest_both_ways(d, fault) if r["rc"] == 0 else (None, None)
         ok = r["rc"] == 0 and r["brute"] is not None and r["positions"] <= r["brute"] \
             and r["reproducer"] == (1, 0)
