@@ -64,8 +64,11 @@ def _pytest(d, *flags, env=None):
 
 
 @pytest.mark.parametrize("backend, fault, want", [
-    ("torch", "rope_pos_plus_1", "smallest schedule: 1 position (prompt 1 + 0 steps)"),
-    ("native", "hpost_one", "smallest schedule: 1 position (prompt 1 + 0 steps)"),
+    # the fault sits in layer 3: a sub-model of 4 layers keeps it, of 3 loses it
+    ("torch", "rope_pos_plus_1",
+     "smallest schedule: 1 position (prompt 1 + 0 steps), window 1, 4 layers"),
+    ("native", "hpost_one", "smallest schedule: 1 position (prompt 1 + 0 steps), window 1, "
+                            "1 layer"),
 ])
 def test_shrink_a_planted_fault_and_the_emitted_test_fails_with_it_only(tmp_path, backend,
                                                                          fault, want):
@@ -74,7 +77,8 @@ def test_shrink_a_planted_fault_and_the_emitted_test_fails_with_it_only(tmp_path
                     "--out", str(d))
     assert rc == 0 and want in text, text
     assert f"{'L03.q' if fault == 'rope_pos_plus_1' else 'L00.hpost'} (own)" in text, text
-    assert sorted(os.listdir(d)) == ["README.md", "pytest.ini", "test_shrunk_divergence.py"]
+    assert sorted(os.listdir(d)) == ["README.md", "model.safetensors", "pytest.ini",
+                                     "test_shrunk_divergence.py"]     # the sub-model's file
     bad = _pytest(d, "--ladder-plant", fault)
     assert bad.returncode == 1 and "1 failed" in bad.stdout, bad.stdout[-2000:]
     good = _pytest(d)

@@ -12,6 +12,7 @@ search fails (no divergence to keep).
 """
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import shlex
@@ -33,12 +34,62 @@ def _divergence(verdict) -> Divergence | None:
                       first.first_bad_pos, math.inf if math.isnan(err) else err)
 
 
-def checker(args, model, planted_path: bool):
+def sub_params(params: dict, cfg, k: int) -> tuple:
+    """(params, cfg) of the model's first k layers: per-layer tensors (a leading L axis)
+    sliced, the Engram sites of those layers kept in their order, everything else as is."""
+    import dataclasses
+    from reference.params import BLOCK
+    L = cfg.num_layers
+    sites = [s for s, layer in enumerate(cfg.engram_layers) if layer < k]
+    sub = dataclasses.replace(cfg, num_layers=k,
+                              engram_layers=tuple(cfg.engram_layers[s] for s in sites))
+    out = {}
+    for name, t in params.items():
+        if name.startswith("engrams_"):
+            site, _, rest = name[len("engrams_"):].partition("/")
+            if int(site) in sites:
+                out[f"engrams_{sites.index(int(site))}/{rest}"] = t
+        elif (name.startswith(BLOCK) or name.startswith("stack/mhc_")) and t.shape[:1] == (L,):
+            out[name] = t[:k].clone()
+        else:
+            out[name] = t
+    return out, sub
+
+
+class Models:
+    """The model under test and its sub-models of fewer layers, each built once, from a
+    parameter file of its own (so that the reproducer can name the same file)."""
+
+    def __init__(self, args, tmp: str):
+        from ladder.sides.judge import ModelUnderTest
+        self.args, self.tmp = args, tmp
+        self.full = ModelUnderTest.build(preset=args.preset, seed=args.seed, params=args.params,
+                                         cact=args.cact, weights=args.weights,
+                                         bits_map=args.bits_map, max_memory=args.max_memory)
+        self.built = {0: self.full, self.full.cfg.num_layers: self.full}
+        self.files = {}
+
+    def get(self, k: int):
+        if k not in self.built:
+            from ladder.sides.judge import ModelUnderTest
+            from reference.params import save_params
+            params, cfg = sub_params(self.full.params, self.full.cfg, k)
+            path = os.path.join(self.tmp, f"layers{k}.safetensors")
+            save_params(path, params, cfg)
+            self.files[k] = path
+            self.built[k] = ModelUnderTest.build(params=path, weights=self.args.weights,
+                                                 bits_map=self.args.bits_map,
+                                                 max_memory=self.args.max_memory)
+        return self.built[k]
+
+
+def checker(args, models, planted_path: bool):
     """schedule -> the Divergence it shows (None when every point passes)."""
     from ladder.sides.capture import PathError
     from ladder.sides.judge import judge
 
     def check(s: Schedule):
+        model = models.get(s.layers)
         port = args.port if args.port else model.our_port(args.backend, args.decode,
                                                           args.device)
         kw = {} if args.port else {"window": s.window}
@@ -90,8 +141,13 @@ def cmd_shrink(args, out=print) -> int:
 
 
 def _shrink(args, out) -> int:
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        return _search(args, out, tmp)
+
+
+def _search(args, out, tmp) -> int:
     from ladder.cli.args import window_range
-    from ladder.sides.judge import ModelUnderTest
     for flag, value in (("--dump", args.dump), ("--fixture", args.fixture)):
         if value:
             raise LadderInputError(f"shrink {flag} {value}: a recording is one fixed schedule; "
@@ -101,17 +157,19 @@ def _shrink(args, out) -> int:
         raise LadderInputError("shrink: --model attn_v41 runs the fixture's recorded calls; "
                                "there is no schedule of ours to shrink")
     from ladder.sides import path_faults
-    model = ModelUnderTest.build(preset=args.preset, seed=args.seed, params=args.params,
-                                 cact=args.cact, weights=args.weights, bits_map=args.bits_map,
-                                 max_memory=args.max_memory)
+    models = Models(args, tmp)
+    model = models.full
     path = path_faults.PATH_FAULTS.get(args.plant) if args.plant else None
-    check = checker(args, model, path is not None)
+    check = checker(args, models, path is not None)
     tokens = model.tokens(args.prompt_len + args.steps)
     made = model.our_port(args.backend, args.decode, args.device).make_state().window \
         if not args.port else None
     window = args.window if args.window is not None else (made if made is not None
                                                          else model.cfg.kv_window)
-    start = Schedule(tuple(tokens), args.prompt_len, window)
+    # a .cact holds every layer's packed codes: no sub-model of it is built
+    layers = range(0) if args.cact else range(1, model.cfg.num_layers)
+    start = Schedule(tuple(tokens), args.prompt_len, window,
+                     0 if args.cact else model.cfg.num_layers)
     lo, hi = window_range(model.cfg)
     windows = range(0, 0) if args.port else range(max(lo, 1), min(hi, window) + 1)
     progress = (lambda line: print(line, file=sys.stderr, flush=True))
@@ -128,7 +186,7 @@ def _shrink(args, out) -> int:
             f"{keep.point} ({keep.verdict or 'no verdict'}): nothing to keep")
         return 1
     out(f"shrink: keeping {first.describe()}; start {start.describe()}")
-    res = Search(check, keep, windows, args.max_time, progress).run(start)
+    res = Search(check, keep, windows, args.max_time, progress, layers).run(start)
     out(f"smallest schedule: {res.best.describe()}")
     out(f"  tokens {list(res.best.tokens)}, prompt_len {res.best.prompt_len}")
     out(f"divergence: {res.divergence.describe()}")
@@ -136,14 +194,21 @@ def _shrink(args, out) -> int:
         f"{res.tried} candidates in {res.seconds:.1f} s"
         + ("; stopped by --max-time (the best so far)" if res.timed_out else ""))
     if args.out:
-        for p in write_reproducer(args, res):
+        sub = res.best.layers if res.best.layers not in (0, model.cfg.num_layers) else None
+        if sub:
+            models.get(sub)                  # its parameter file, written once
+        for p in write_reproducer(args, res, models.files.get(sub)):
             out(f"wrote {p}")
     return 0
 
 
-def pytest_flags(args) -> list:
-    """The plugin's flags for the model and port the search ran on."""
-    flags = []
+def pytest_flags(args, params_file=None) -> list:
+    """The plugin's flags for the model and port the search ran on (`params_file`: the
+    sub-model of fewer layers, written beside the test)."""
+    flags = ["--ladder-params", params_file] if params_file else []
+    if params_file:
+        args = argparse.Namespace(**{**vars(args), "preset": "tiny", "seed": 0,
+                                     "params": None, "cact": None})
     for flag, value, default in (("--ladder-preset", args.preset, "tiny"),
                                  ("--ladder-seed", args.seed, 0),
                                  ("--ladder-params", args.params, None),
@@ -158,9 +223,13 @@ def pytest_flags(args) -> list:
     return flags
 
 
-def write_reproducer(args, res) -> list:
-    """DIR/test_shrunk_divergence.py, DIR/pytest.ini, DIR/README.md (all or none)."""
+def write_reproducer(args, res, sub_file=None) -> list:
+    """DIR/test_shrunk_divergence.py, DIR/pytest.ini, DIR/README.md (all or none), and the
+    sub-model's parameters (DIR/model.safetensors, copied from `sub_file`) when the search
+    dropped layers."""
     from ladder.engine.atomic import write_all
+    model_file = os.path.abspath(os.path.join(args.out, "model.safetensors")) \
+        if sub_file is not None else None
     b, d = res.best, res.divergence
     window = "" if args.port else f", window={b.window}"
     plant = f" --ladder-plant {args.plant}" if args.plant else ""
@@ -172,7 +241,8 @@ def write_reproducer(args, res) -> list:
             f"@pytest.mark.ladder(tokens={list(b.tokens)}, prompt_len={b.prompt_len}{window})\n"
             f"def test_shrunk_divergence(ladder_check):\n"
             f"    ladder_check()\n")
-    ini = "[pytest]\naddopts = " + " ".join(shlex.quote(f) for f in pytest_flags(args)) + "\n"
+    ini = "[pytest]\naddopts = " + " ".join(shlex.quote(f) for f in
+                                          pytest_flags(args, model_file)) + "\n"
     if args.port:                   # where `module` of --port module:factory imported from
         ini += f"pythonpath = {os.getcwd()}\n"
     fails = f"python -m pytest {args.out}{plant}"
@@ -182,5 +252,9 @@ def write_reproducer(args, res) -> list:
     os.makedirs(args.out, exist_ok=True)
     files = {os.path.join(args.out, TEST_FILE): test, os.path.join(args.out, "pytest.ini"): ini,
              os.path.join(args.out, "README.md"): readme}
-    write_all({p: t.encode() for p, t in files.items()})
-    return list(files)
+    blobs = {p: t.encode() for p, t in files.items()}
+    if sub_file is not None:
+        with open(sub_file, "rb") as f:
+            blobs[model_file] = f.read()
+    write_all(blobs)
+    return list(blobs)

@@ -16,7 +16,9 @@ divergence and goes on from it until none does:
   3. chunks of positions removed anywhere (ddmin: halves, quarters, ... of the tokens),
   4. a smaller window, alone or with the positions cut to fill it (so a divergence that needs
      the ring to wrap keeps a wrap on fewer positions, and one that does not loses it),
-  5. token ids set to CANONICAL (1): all at once, then halves, ..., then one by one;
+  5. fewer layers, where the model allows (a sub-model of its first k layers, which the
+     reference and the port both build from the same parameters sliced),
+  6. token ids set to CANONICAL (1): all at once, then halves, ..., then one by one;
 and the round of passes repeats while any pass moved (or until --max-time: the best so far is
 the answer). A schedule is compared once, however many passes reach it.
 """
@@ -33,6 +35,7 @@ class Schedule:
     tokens: tuple
     prompt_len: int
     window: int
+    layers: int = 0            # the first `layers` layers of the model (0: the model as is)
 
     @property
     def steps(self) -> int:
@@ -46,14 +49,15 @@ class Schedule:
     def size(self) -> tuple:
         """What the search minimises, in order: positions, a wrap of the ring (kept only where
         the divergence needs it), window, ids off the canonical one, prompt length."""
-        return (len(self.tokens), self.wraps, self.window,
+        return (len(self.tokens), self.wraps, self.window, self.layers,
                 sum(t != CANONICAL for t in self.tokens), self.prompt_len)
 
     def describe(self) -> str:
         n, k = len(self.tokens), self.steps
         return (f"{n} position{'s' * (n != 1)} (prompt {self.prompt_len} + {k} "
                 f"step{'s' * (k != 1)}), window {self.window}"
-                f"{', the ring wraps' if self.wraps else ''}")
+                f"{', the ring wraps' if self.wraps else ''}"
+                + (f", {self.layers} layer{'s' * (self.layers != 1)}" if self.layers else ""))
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,8 @@ class Search:
     """check(schedule) -> Divergence or None, run under a time budget, with progress."""
 
     def __init__(self, check, keep: Divergence, windows: range, max_time=None,
-                 progress=None):
-        self.check, self.keep, self.windows = check, keep, windows
+                 progress=None, layers: range = range(0)):
+        self.check, self.keep, self.windows, self.layers = check, keep, windows, layers
         self.deadline = None if max_time is None else time.monotonic() + max_time
         self.progress = progress or (lambda line: None)
         self.tried = 0
@@ -149,6 +153,11 @@ class Search:
                         yield replace(s, window=w, tokens=s.tokens[:w],
                                       prompt_len=min(s.prompt_len, w))
 
+        def fewer_layers(s):                      # a sub-model: the first k layers
+            for k in self.layers:
+                if k < s.layers:
+                    yield replace(s, layers=k)
+
         def canonical(s):                         # all at once, then halves, then one by one
             n = len(s.tokens)
             chunk = n
@@ -159,7 +168,7 @@ class Search:
                     if toks != s.tokens:
                         yield replace(s, tokens=toks)
                 chunk //= 2
-        return (fewer_steps, shorter_prompt, chunks, smaller_window, canonical)
+        return (fewer_steps, shorter_prompt, chunks, smaller_window, fewer_layers, canonical)
 
     def run(self, start: Schedule) -> Result:
         """Each pass shrinks its dimension as far as it goes; the round of passes repeats while
