@@ -94,12 +94,16 @@ def model_args(p, regen=False):
     p.add_argument("--port", default=None, metavar="MODULE:FACTORY",
                    help="compare an in-process port of the protocol (ladder/sides/ports.py) instead "
                         "of port.V2Model; locate re-runs the reference's layer from its inputs")
-    p.add_argument("--port-timeout", type=float, default=None, metavar="SECONDS",
-                   help="--port: a factory, make_state() or step call that runs longer is an "
-                        "error naming it (SIGALRM; default: none, no limit)")
+    port_timeout_arg(p)
     p.add_argument("--dump", default=None, metavar="FILE",
                    help="the port side is this recording (a trace archive or a needle-rs "
                         "fixture): run, locate and report judge it as `compare FILE` does")
+
+
+def port_timeout_arg(p):
+    p.add_argument("--port-timeout", type=float, default=None, metavar="SECONDS",
+                   help="--port: a factory, make_state() or step call that runs longer is an "
+                        "error naming it (SIGALRM; default: none, no limit)")
 
 
 def memory_arg(p):
@@ -207,9 +211,7 @@ def build_parser(more=()) -> argparse.ArgumentParser:
                             "device body")
         p.add_argument("--port", default=None, metavar="MODULE:FACTORY",
                        help="an in-process port (ladder/sides/ports.py): side 'port'")
-        p.add_argument("--port-timeout", type=float, default=None, metavar="SECONDS",
-                       help="--port: a factory, make_state() or step call that runs longer is "
-                            "an error naming it (SIGALRM; default: none, no limit)")
+        port_timeout_arg(p)
         p.add_argument("--no-check-plain", action="store_true",
                        help="skip proving that tracing changes no bit on a live side")
         p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
