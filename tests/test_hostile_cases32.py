@@ -70,12 +70,10 @@ def test_the_sparse_attention_twin_widens_only_the_rows_it_gathers():
                 widened.append(tuple(args[0].shape))
             return super().__torch_function__(func, types, args, kwargs or {})
 
-    got = sparse_attn_v41_torch(q, rows.as_subclass(Watched), None, idx, 0.25, sink)
+    sparse_attn_v41_torch(q, rows.as_subclass(Watched), None, idx, 0.25, sink)
     assert widened == []                                   # no pass over all `na` rows
-    # the same bits as widening first (bf16 -> f32 is exact)
-    r = rows.float()
-    want = sparse_attn_v41_torch(q, r.bfloat16(), None, idx, 0.25, sink)
-    assert torch.equal(torch.Tensor(got), want)
+    # the bits are held by the twin's own tests against float64 and the V4.1 fixture
+    # (tests/test_kernels_sparse_attn_v41.py, tests/test_attn_v41_official.py)
 
 
 @pytest.mark.parametrize("pad", [-5, -2147483647])
@@ -161,7 +159,6 @@ def test_a_needle_rs_blob_with_a_zero_dimension_is_refused(tmp_path, capsys):
      "a non-negative integer was expected"),
 ])
 def test_needle_trace_refuses_an_image_that_does_not_tile(tmp_path, edit, match):
-    import struct
     import subprocess
     import sys
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -181,7 +178,6 @@ def test_needle_trace_refuses_an_image_that_does_not_tile(tmp_path, edit, match)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and match in res.stderr, \
         res.stderr
     assert not os.path.exists(tmp_path / "out.safetensors")
-    del struct
 
 
 PORTS = {
