@@ -30,6 +30,7 @@ from .backend import BACKENDS, DECODES, backend_class, check_names, make_backend
 from .cq import CqWeight, fwht  # noqa: F401  (CqWeight: re-exported)
 from .errors import StepError
 from .host import M32, PRIME, SEED, host_row, ngram_rows  # noqa: F401
+from .precision import PortPrecision, PrecisionError
 from .ops import EPS, log_sinkhorn, rowvecs, sigmoid, silu, unit_rms, zc  # noqa: F401
 from .parts import (Embedding, PartError, V2Mhc, attach_codes, check_parts,  # noqa: F401
                     model_tensors, pack_parts, parts_from_weights)
@@ -54,8 +55,15 @@ class V2Model:
 
     def __init__(self, cfg: V2Config, embedding: Embedding, layers: list, mhc: V2Mhc,
                  engrams: list, final_norm, *, heads: dict | None = None, device=None,
-                 backend: str = "torch", decode: str = "eager"):
+                 backend: str = "torch", decode: str = "eager", precision=None):
         check_names(backend, decode)
+        # What every stored tensor is rounded to (port/precision.py); float32: nothing is.
+        self.precision = PortPrecision.of(precision)
+        if not self.precision.is_float32 and (backend, decode) != ("torch", "eager"):
+            raise PrecisionError(f"precision {self.precision.activations} (kv "
+                                 f"{self.precision.kv}) runs on backend torch, decode eager; "
+                                 f"given backend {backend}, decode {decode}")
+        self.rnd, self.kv_store = self.precision.store, self.precision.kv_store
         self.form = check_parts(cfg, embedding, layers, mhc, engrams, final_norm)
         self.cfg = cfg
         self.embedding, self.layers, self.mhc = embedding, list(layers), mhc
@@ -89,10 +97,12 @@ class V2Model:
     @classmethod
     def from_params(cls, params: dict, cfg: V2Config, weights: str = "dense", device="cpu",
                     bits_map: str = "embedding=4,mhc=4,default=2", backend: str = "torch",
-                    decode: str = "eager"):
+                    decode: str = "eager", precision=None):
         """weights="dense": float32 as given; "cq": quantised as the .cact writer does
-        (`bits_map`), then computed from the codes (see from_cact). port/load.py."""
-        return load.from_params(cls, params, cfg, weights, device, bits_map, backend, decode)
+        (`bits_map`), then computed from the codes (see from_cact). port/load.py.
+        `precision`: port/precision.py (None: float32 throughout)."""
+        return load.from_params(cls, params, cfg, weights, device, bits_map, backend, decode,
+                                precision)
 
     @classmethod
     def from_cact(cls, path, weights: str = "cq", device="cpu", backend: str = "torch",
@@ -103,12 +113,13 @@ class V2Model:
 
     @classmethod
     def from_cactfile(cls, f, weights: str = "cq", device="cpu", backend: str = "torch",
-                      decode: str = "eager"):
-        return load.from_cactfile(cls, f, weights, device, backend, decode)
+                      decode: str = "eager", precision=None):
+        return load.from_cactfile(cls, f, weights, device, backend, decode, precision)
 
     @classmethod
-    def _build(cls, params: dict, cfg: V2Config, cqw, device, backend="torch", decode="eager"):
-        return load.build(cls, params, cfg, cqw, device, backend, decode)
+    def _build(cls, params: dict, cfg: V2Config, cqw, device, backend="torch", decode="eager",
+               precision=None):
+        return load.build(cls, params, cfg, cqw, device, backend, decode, precision)
 
     # ---- state ----
     def make_state(self) -> V2State:
@@ -209,7 +220,8 @@ class V2Model:
         on m: a batched prefill leaves exactly the state of m single steps."""
         cfg = self.cfg
         n, d, m = cfg.mhc_lanes, cfg.d_model, len(tokens)
-        x0 = self.embedding.table[torch.tensor(tokens, device=self.device)] * math.sqrt(d)
+        x0 = self.rnd(self.embedding.table[torch.tensor(tokens, device=self.device)]
+                      * math.sqrt(d))
         if trace:
             trace("embed", None, row0(trace, x0))
         eng = self.engram(state, pos0, m, trace=trace)
@@ -240,7 +252,7 @@ class V2Model:
         dil, R, d = cfg.engram_dilation, state.engram_ring, cfg.d_model
         for s, site in enumerate(self.engrams):
             e = (site.tables[flat] * ok[..., None]).reshape(m, -1)
-            kv = self.mm(e, site.kv)
+            kv = self.rnd(self.mm(e, site.kv))
             k, vraw = kv[:, :d], kv[:, d:]
             v = torch.empty_like(vraw)
             for r in range(m):
@@ -250,7 +262,7 @@ class V2Model:
                 for j in range(cfg.engram_taps):
                     if host[r][2][j]:
                         acc = acc + site.taps[j] * state.vraw[s, (p - j * dil) % R]
-                v[r] = acc
+                v[r] = self.rnd(acc)
             if trace:
                 trace(f"engram_k{s}", None, row0(trace, k))
                 trace(f"engram_v{s}", None, row0(trace, v))
@@ -266,40 +278,41 @@ class V2Model:
         decode_body, which reads the position from device buffers; m = 1 there)."""
         cfg, lw, mhc = self.cfg, self.layers[i], self.mhc
         n, d, m = cfg.mhc_lanes, cfg.d_model, X.shape[0]
-        nx = unit_rms(X.reshape(m, n * d))
-        r = self.mm(nx, mhc.router[i])
-        hpre = sigmoid(mhc.a_pre[i] * r[:, :n] + mhc.pre_bias[i])
-        u = torch.bmm(hpre[:, None, :], X)[:, 0]
+        q_ = self.rnd                       # each stored tensor at the activation dtype
+        nx = q_(unit_rms(X.reshape(m, n * d)))
+        r = q_(self.mm(nx, mhc.router[i]))
+        hpre = q_(sigmoid(mhc.a_pre[i] * r[:, :n] + mhc.pre_bias[i]))
+        u = q_(torch.bmm(hpre[:, None, :], X)[:, 0])
         bx, alpha = u, None
         site = cfg.site_of_layer(i)
         if site is not None:
             ek, ev = eng[site]
-            alpha = sigmoid((unit_rms(u) * unit_rms(ek)).sum(-1, keepdim=True)
-                            / math.sqrt(d))
-            bx = u + alpha * ev
-        h = zc(bx, lw.pre_norm)
+            alpha = q_(sigmoid((unit_rms(u) * unit_rms(ek)).sum(-1, keepdim=True)
+                               / math.sqrt(d)))
+            bx = q_(u + alpha * ev)
+        h = q_(zc(bx, lw.pre_norm))
         if attention is not None:           # the graph body's: positions from device buffers
             q, k, v, o, gate, a = attention(i, h, cos, sin)
         else:
             q, k, v, o, gate, a = self.attention(i, h, cos, sin, state, pos0)
-        ap = zc(a, lw.post_norm)
-        z = bx + lw.attn_gate * ap
-        mi = zc(z, lw.pre_hada_norm)
-        mo = self.mlp(i, mi)
-        y = z + mo - u
-        hpost = 2 * sigmoid(mhc.a_post[i] * r[:, n:2 * n] + mhc.post_bias[i])
-        res = mhc.a_res[i] * r[:, 2 * n:].reshape(m, n, n) + mhc.b_res[i]
-        P = log_sinkhorn(res)
+        ap = q_(zc(a, lw.post_norm))
+        z = q_(bx + lw.attn_gate * ap)
+        mi = q_(zc(z, lw.pre_hada_norm))
+        mo = q_(self.mlp(i, mi))
+        y = q_(z + mo - u)
+        hpost = q_(2 * sigmoid(mhc.a_post[i] * r[:, n:2 * n] + mhc.post_bias[i]))
+        res = q_(mhc.a_res[i] * r[:, 2 * n:].reshape(m, n, n) + mhc.b_res[i])
+        P = q_(log_sinkhorn(res))
         if trace:
             for name, val in (("nx", nx), ("hpre", hpre), ("u", u), ("alpha", alpha),
                               ("bx", bx), ("h_in", h), ("q", q), ("k", k), ("v", v),
                               ("attn", o), ("gate", gate), ("attn_out", a),
                               ("attn_post", ap), ("mlp_in", mi), ("mlp_out", mo),
-                              ("block_out", z + mo), ("y", y), ("hpost", hpost),
+                              ("block_out", q_(z + mo)), ("y", y), ("hpost", hpost),
                               ("res_logits", res), ("hres", P)):
                 if val is not None:
                     trace(name, i, row0(trace, val if name != "alpha" else val[:, 0]))
-        X = torch.bmm(P, X) + hpost[:, :, None] * y[:, None, :]
+        X = q_(torch.bmm(P, X) + hpost[:, :, None] * y[:, None, :])
         if trace:
             trace("x", i, row0(trace, X))
         return X
@@ -311,17 +324,21 @@ class V2Model:
         cfg, lw, m = self.cfg, self.layers[i], h.shape[0]
         H, KV, hd, attn, kvd = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attn_dim_eff,
                                 cfg.kv_dim)
-        qkvg = self.mm(h, lw.qkvg)
-        q = self.rope(zc(qkvg[:, :attn].reshape(m, H, hd), lw.q_norm), cos, sin)
-        k = self.rope(zc(qkvg[:, attn:attn + kvd].reshape(m, KV, hd), lw.k_norm), cos, sin)
+        q_ = self.rnd
+        qkvg = q_(self.mm(h, lw.qkvg))
+        q = q_(self.rope(zc(qkvg[:, :attn].reshape(m, H, hd), lw.q_norm), cos, sin))
+        k = q_(self.rope(zc(qkvg[:, attn:attn + kvd].reshape(m, KV, hd), lw.k_norm), cos, sin))
         v = qkvg[:, attn + kvd:attn + 2 * kvd].reshape(m, KV, hd)
-        gate = sigmoid(qkvg[:, attn + 2 * kvd:])
+        gate = q_(sigmoid(qkvg[:, attn + 2 * kvd:]))
+        # the ring keeps the KV format (int8: code * scale); the trace shows k, v as computed
+        kc, vc = self.kv_store(k), self.kv_store(v)
         if attend is not None:
-            o = torch.stack([attend(i, q[0], k[0], v[0])])
+            o = torch.stack([attend(i, q[0], kc[0], vc[0])])
         else:
-            o = torch.stack([self._attend(i, q[r_], k[r_], v[r_], state, pos0 + r_)
+            o = torch.stack([self._attend(i, q[r_], kc[r_], vc[r_], state, pos0 + r_)
                              for r_ in range(m)])
-        return q, k, v, o, gate, self.mm(o * gate, lw.out)
+        o = q_(o)
+        return q, k, v, o, gate, q_(self.mm(q_(o * gate), lw.out))
 
     def _attend(self, i, q, k, v, state, pos):
         """One position's attention through the state's AttnV41-style runtime (port/attn.py):
@@ -339,9 +356,11 @@ class V2Model:
     def finish(self, X, state, *, logits=None, trace=None, want_logits: bool = True):
         """Last row's lanes -> state.lanes, the final norm -> state.hidden, the LM head."""
         state.lanes.copy_(X[-1])
-        mean = X[-1].mean(0)
+        mean = self.rnd(X[-1].mean(0))
         torch.mul(1.0 + self.final_norm, mean / torch.sqrt((mean * mean).mean() + EPS),
                   out=state.hidden)
+        if self.precision.activations != "float32":
+            state.hidden.copy_(self.rnd(state.hidden))
         if trace:
             trace("lane_mean", None, mean)
             trace("final_norm", None, state.hidden)
@@ -352,6 +371,8 @@ class V2Model:
             out.copy_(self.mm(state.hidden[None], self.embedding.head)[0])
         else:
             torch.mv(self.embedding.table, state.hidden, out=out)
+        if self.precision.activations != "float32":
+            out.copy_(self.rnd(out))
         if trace:
             trace("logits", None, out)
         return out

@@ -56,8 +56,9 @@ def _emit(trace, name, layer, value):
 
 
 def attention_cached(h, lp, k_cache_l, v_cache_l, pos, cos_s, sin_s, cfg, kv_window,
-                     key_valid, sink, trace=None, layer=None):
-    """Gated GQA attention for S new positions; writes their K/V into the layer's cache."""
+                     key_valid, sink, trace=None, layer=None, kv_store=None):
+    """Gated GQA attention for S new positions; writes their K/V into the layer's cache
+    (through `kv_store(values)` when the cache holds a narrower format: reference/precision.py)."""
     B, S, _ = h.shape
     H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     q = (h @ lp["q"]).reshape(B, S, H, hd).transpose(1, 2)        # [B, H, S, hd]
@@ -68,8 +69,8 @@ def attention_cached(h, lp, k_cache_l, v_cache_l, pos, cos_s, sin_s, cfg, kv_win
     _emit(trace, "q", layer, q)
     _emit(trace, "k", layer, k)
     _emit(trace, "v", layer, v)
-    k_cache_l[:, :, pos:pos + S] = k
-    v_cache_l[:, :, pos:pos + S] = v
+    k_cache_l[:, :, pos:pos + S] = k if kv_store is None else kv_store(k)
+    v_cache_l[:, :, pos:pos + S] = v if kv_store is None else kv_store(v)
     M = k_cache_l.shape[2]
 
     qg = q.reshape(B, KV, cfg.rep, S, hd)                          # contiguous GQA groups
@@ -94,12 +95,12 @@ def attention_cached(h, lp, k_cache_l, v_cache_l, pos, cos_s, sin_s, cfg, kv_win
 
 
 def block_cached(bx, lp, k_cache_l, v_cache_l, pos, cos_s, sin_s, cfg, kv_window, key_valid,
-                 sink, trace=None, layer=None):
+                 sink, trace=None, layer=None, kv_store=None):
     """Sandwich-norm block: attention then HadamardMLP, each with its residual."""
     h = zcrms(bx, lp["pre"])
     _emit(trace, "h_in", layer, h)
     a = attention_cached(h, lp, k_cache_l, v_cache_l, pos, cos_s, sin_s, cfg, kv_window,
-                         key_valid, sink, trace, layer)
+                         key_valid, sink, trace, layer, kv_store)
     _emit(trace, "attn_out", layer, a)
     a = zcrms(a, lp["post"])
     _emit(trace, "attn_post", layer, a)
@@ -191,7 +192,7 @@ def _check_inputs(params, cfg, tokens, k_cache, v_cache, pos, hist, hist_valid, 
 
 
 def layer_cached(params, cfg: V2Config, i: int, x, engram, k_cache_l, v_cache_l, pos, cos_s,
-                 sin_s, kv_window, key_valid, sink, trace, offsets):
+                 sin_s, kv_window, key_valid, sink, trace, offsets, *, kv_store=None):
     """Layer `i` on lanes x [B, S, n, d]: the mHC routing around one block. `engram` is the
     layer's site's (keys, values) [B, S, d] or None; `offsets` its (pre, post) lane offsets.
     Writes the layer's K/V into its cache; returns the new lanes. (The ladder re-runs a layer
@@ -214,7 +215,7 @@ def layer_cached(params, cfg: V2Config, i: int, x, engram, k_cache_l, v_cache_l,
         bx = u + alpha[..., None] * ev
     _emit(trace, "bx", i, bx)
     out = block_cached(bx, layer_params(params, i), k_cache_l, v_cache_l, pos, cos_s,
-                       sin_s, cfg, kv_window, key_valid, sink, trace, i)
+                       sin_s, cfg, kv_window, key_valid, sink, trace, i, kv_store)
     _emit(trace, "block_out", i, out)
     y = out - u                                                    # minus u, not bx
     _emit(trace, "y", i, y)
@@ -232,12 +233,15 @@ def layer_cached(params, cfg: V2Config, i: int, x, engram, k_cache_l, v_cache_l,
 
 
 def forward_cached(params, cfg: V2Config, tokens, k_cache, v_cache, pos, *, kv_window=None,
-                   hist=None, hist_valid=None, sink=None, key_valid=None, trace=None):
+                   hist=None, hist_valid=None, sink=None, key_valid=None, trace=None,
+                   kv_store=None):
     """Run S tokens at positions pos..pos+S-1. Returns (logits [B,S,V], k_cache', v_cache').
 
     The caches passed in are not modified; updated copies are returned. `kv_window=None`
     means `cfg.kv_window` (0: full causal). With `hist=None` the call's own tokens are the
     Engram history anchored at position 0 (upstream's rule: right only for a prefill at 0).
+    `kv_store`: what the cache keeps of each new K/V (None: the values themselves; the
+    noise-floor reference's int8 KV, reference/precision.py).
     """
     pos = int(pos)
     _check_inputs(params, cfg, tokens, k_cache, v_cache, pos, hist, hist_valid, sink,
@@ -272,7 +276,8 @@ def forward_cached(params, cfg: V2Config, tokens, k_cache, v_cache, pos, *, kv_w
         site = cfg.site_of_layer(i)
         eng = None if site is None else (ek[site], ev[site])
         x = layer_cached(params, cfg, i, x, eng, k_cache[i], v_cache[i], pos, cos_s, sin_s,
-                         kv_window, key_valid, sink, trace, (pre_off[i], post_off[i]))
+                         kv_window, key_valid, sink, trace, (pre_off[i], post_off[i]),
+                         kv_store=kv_store)
     m = torch.mean(x, dim=2)
     _emit(trace, "lane_mean", None, m)
     f = zcrms(m, params["stack/final_norm/scale"])

@@ -33,6 +33,11 @@ def rms_unit(x, eps: float = EPS):
 @functools.lru_cache(maxsize=32)
 def _rope_tables(head_dim: int, length: int, theta: float, dtype: torch.dtype):
     # Built in the working dtype (f32: upstream's tables; f64: the arbiter's exact tables).
+    # A 16-bit working dtype (the noise-floor reference) builds them in float32 and rounds
+    # once: positions past 256 are not even integers in bfloat16, and no port builds them so.
+    if dtype in (torch.bfloat16, torch.float16):
+        cos, sin = _rope_tables(head_dim, length, theta, torch.float32)
+        return cos.to(dtype), sin.to(dtype)
     expo = torch.arange(0, head_dim, 2, dtype=dtype) / head_dim
     inv = 1.0 / torch.pow(torch.tensor(theta, dtype=dtype), expo)
     angles = torch.outer(torch.arange(length, dtype=dtype), inv)

@@ -52,7 +52,7 @@ def test_archive_round_trips_bit_for_bit(tmp_path):
     assert back.keys() == lad.keys() and back.steps == lad.steps
     assert all(torch.equal(back[k], lad[k]) for k in lad.keys())
     m = back.meta
-    assert m["format"] == "needle-parity-trace" and m["schema_version"] == 1
+    assert m["format"] == "needle-parity-trace" and m["schema_version"] == 2
     assert m["geometry"]["num_layers"] == cfg.num_layers and m["captured"] == "all"
     logits = lad[f"{lad.steps[-1].name}/logits"][-1]
     assert m["argmax"][lad.steps[-1].name] == int(torch.argmax(logits))
@@ -111,7 +111,7 @@ def _archive_bytes(tmp_path, mutate):
 
 @pytest.mark.parametrize("mutate,needle", [
     (lambda m, t: m.update(format="other"), "field format"),
-    (lambda m, t: m.update(schema_version=2), "schema_version=2"),
+    (lambda m, t: m.update(schema_version=3), "schema_version=3"),
     (lambda m, t: m.update(captured="some"), "field captured"),
     (lambda m, t: m["schedule"]["steps"][1].update(pos=-1), "field pos=-1 outside"),
     (lambda m, t: m["schedule"]["steps"][0].update(len=10 ** 9), "field len="),

@@ -307,8 +307,8 @@ def issue20_cases(tmp) -> list:
     """Issue #20: the archives, needle-rs fixtures and name maps `ladder compare` reads."""
     c = [("archive header length past the file", COMPARE + [_archive(
              tmp, "ahl", raw=struct.pack("<Q", 10 ** 12) + b"{}"), "reference"]),
-         ("archive schema_version 2", COMPARE + [_archive(
-             tmp, "asv", lambda m: m.update(schema_version=2)), "reference"]),
+         ("archive schema_version 3", COMPARE + [_archive(
+             tmp, "asv", lambda m: m.update(schema_version=3)), "reference"]),
          ("archive 10^6 steps", COMPARE + [_archive(
              tmp, "ast", lambda m: m["schedule"].update(steps=[{"name": f"s{i}", "pos": 0,
                                                                 "len": 1}

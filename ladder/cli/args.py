@@ -119,6 +119,28 @@ def _port_timeout(args) -> None:
         _fail(f"--port-timeout {t!r}: seconds in (0, 86400]")
 
 
+def _port_precision(args) -> None:
+    spec = getattr(args, "port_precision", None)
+    if spec is None:
+        return
+    from ladder.model.precision import Precision, PrecisionError
+    try:
+        prec = Precision.parse(spec, f"--port-precision {spec!r}")
+    except PrecisionError as e:
+        _fail(str(e))
+    if getattr(args, "model", "needle_v2") != "needle_v2":
+        _fail(f"--port-precision {spec}: judges needle v2 sides; --model {args.model} has its "
+              f"own bf16 rules")
+    ours = not (getattr(args, "port", None) or getattr(args, "dump", None)) and (
+        args.cmd not in ("compare", "dump") or "torch" in (getattr(args, "a", None),
+                                                           getattr(args, "b", None),
+                                                           getattr(args, "side", None)))
+    if ours and not prec.is_float32 and (getattr(args, "backend", "torch"), getattr(
+            args, "decode", "eager")) != ("torch", "eager"):
+        _fail(f"--port-precision {spec}: our port runs below float32 on --backend torch "
+              f"--decode eager only (given --backend {args.backend} --decode {args.decode})")
+
+
 def _port_flags(args) -> None:
     if args.weights not in (None, "dense", "cq"):
         _fail(f"--weights {args.weights}: must be dense or cq (default: cq for --cact, else "
@@ -282,6 +304,7 @@ def check(args) -> None:
         return
     _port_flags(args)
     _port_timeout(args)
+    _port_precision(args)
     if args.cmd in ("compare", "dump"):
         if args.cmd == "dump":
             writable_dir("--out", os.path.dirname(os.path.abspath(args.out)) if args.out

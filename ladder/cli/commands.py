@@ -19,7 +19,7 @@ from ladder.engine.rules import COMPARED_SIDES, DEFAULT_RULES, dump_rules, load_
 from ladder.sides import fixtures
 from ladder.sides.capture import capture_port, capture_reference
 from ladder.sides.model_input import (LadderInputError, build_port, load_model,
-                                      schedule_tokens)
+                                      port_precision, schedule_tokens)
 from ladder.sides.runinfo import describe_port, graph_verdict
 
 def compare_run(args, out=print):
@@ -42,6 +42,12 @@ def compare_run(args, out=print):
         tokens, prompt = schedule_tokens(args, cfg)
         window = cfg.kv_window if args.window is None else args.window
     params, model, weights = build_port(params, cfg, cactfile, args)
+    prec = port_precision(args, weights)
+    if prec is not None and prec.is_float32:
+        prec = None
+    if prec is not None and not args.rules:
+        from ladder.engine.rules import NOISE_RULES
+        rules = NOISE_RULES
     # The port steps on the state users get (make_state()) unless told otherwise: --window,
     # or a fixture recorded at another window than make_state()'s.
     port_window = args.window
@@ -82,6 +88,14 @@ def compare_run(args, out=print):
         port = capture_port(model, tokens, prompt, window=port_window, check_plain=check,
                             progress=pb, label=run.label())
         tc = time.perf_counter()
+    floor, tf = None, tc
+    if prec is not None:
+        from ladder.sides.noise_floor import capture_floor
+        floor = capture_floor(params, cfg, tokens, prompt, prec, window=window)
+        tf = time.perf_counter()
+        out(f"noise floor: the reference re-run at {prec.short()} ({prec.text()}; "
+            f"docs/precision.md), {tf - tc:.2f} s; rules {rules.source}")
+    args.noise_floor, args.floor_precision, args.floor_params = floor, prec, params
     if check:
         out("tracing changes no bit: " + ("" if args.fixture else "reference traced == plain "
             "forward_cached; ") + "port step_traced == prefill_batch + step (logits and "
@@ -93,8 +107,11 @@ def compare_run(args, out=print):
             f"no bit")
     if graph_verdict(model, check):
         out(graph_verdict(model, check))
+    from ladder.engine.rules import UNIT_EPS
     cmp = compare_ladders(port, ref, rules, prefix="port", a_label=run.label(),
-                          b_label=ref.label)
+                          b_label=ref.label, floor=floor,
+                          unit_eps=UNIT_EPS[prec.activations if prec else "float32"])
+    cmp.precision = prec
     extra = []
     td = time.perf_counter()
     info = {"model": f"{src['source']} {src.get('preset', src.get('file', ''))}",
@@ -104,8 +121,11 @@ def compare_run(args, out=print):
             "rules": rules.source, "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "timing": ("reference not run (fixture)" if args.fixture else
-                       f"reference {tb - ta:.2f} s") + f", port {tc - tb:.2f} s, compare "
-                      f"{td - tc:.2f} s, total {td - t0:.2f} s"}
+                       f"reference {tb - ta:.2f} s") + f", port {tc - tb:.2f} s" +
+                      (f", noise floor {tf - tc:.2f} s" if floor is not None else "") +
+                      f", compare {td - tf:.2f} s, total {td - t0:.2f} s"}
+    if prec is not None:
+        info["precision"] = f"{prec.short()} ({prec.text()}), judged against a noise floor"
     return cmp, extra, port, ref, model, port_window, info
 
 
@@ -154,6 +174,20 @@ def _stale_fixture(args, port, stored, out) -> bool:
     return True
 
 
+def locate_run(args, cmp, port, ref, model, window):
+    """`locate` of compare_run's result: our port's own layer re-run (engine/locate.py), or,
+    for a port below float32, the reference's layer re-run at its precision on the port's
+    inputs (ladder/sides/dump_locate.py: the split in noise units)."""
+    floor = getattr(args, "noise_floor", None)
+    if floor is None:
+        from ladder.engine.locate import locate
+        return locate(cmp, port=port, ref=ref, model=model, window=window)
+    from ladder.sides.dump_locate import locate_dump
+    win = model.make_state().window if window is None else window
+    return locate_dump(cmp, port, ref, args.floor_params, model.cfg, win, floor=floor,
+                       precision=args.floor_precision)
+
+
 def cmd_locate(args, out=print) -> int:
     if getattr(args, "port", None) or getattr(args, "dump", None):
         from ladder.cli.compare import run_protocol_port
@@ -167,7 +201,7 @@ def cmd_locate(args, out=print) -> int:
     out(str(cmp))
     if not cmp.passed and _stale_fixture(args, port, ref, out):
         return 1
-    loc = locate(cmp, port=port, ref=ref, model=model, window=window)
+    loc = locate_run(args, cmp, port, ref, model, window)
     out("")
     out(str(loc) if loc is not None else "no divergence: every point passes its rule")
     bad = [c for c in extra if not c.passed]
@@ -187,7 +221,7 @@ def cmd_report(args, out=print) -> int:
     from ladder.engine.plot import fallback_note
     from ladder.engine.report import write_report
     cmp, extra, port, ref, model, window, info = compare_run(args, out)
-    loc = locate(cmp, port=port, ref=ref, model=model, window=window)
+    loc = locate_run(args, cmp, port, ref, model, window)
     paths = write_report(cmp, args.out, loc, info, stem=args.stem, plot_backend=args.plot)
     out(str(cmp))
     if fallback_note(args.plot):

@@ -10,6 +10,7 @@ candidate, B (default `reference`) the yardstick whose magnitudes scale the boun
 from __future__ import annotations
 
 import os
+import time
 
 from ladder.cli.show import print_table
 from ladder.engine.trace import Ladder
@@ -74,7 +75,10 @@ def cmd_compare(args, out=print) -> int:
     files = [None if s in LIVE else load_side(s, args) for s in specs]
     live = [s for s, f in zip(specs, files) if f is None]
     params = cfg = src = cactfile = None
-    if live or args.locate:
+    declared = files[0].meta.get("precision") if files[0] is not None else None
+    low = getattr(args, "port_precision", None) or (declared is not None
+                                                      and not declared.is_float32)
+    if live or args.locate or low:
         params, cfg, src, cactfile = load_model(args)
         for flag in ("cact", "params"):
             if getattr(args, flag):
@@ -124,8 +128,22 @@ def cmd_compare(args, out=print) -> int:
     # Every row only where they are all shown or written; else the folded summary, so a long
     # comparison's memory stays one step of each side (README "Bring your own port").
     keep = "all" if args.per_step or args.report else "summary"
+    floor, prec = None, _precision(args, a)
+    if prec is not None:
+        from ladder.sides.noise_floor import capture_floor
+        if not args.rules:
+            from ladder.engine.rules import NOISE_RULES
+            rules = NOISE_RULES
+        t0 = time.perf_counter()
+        floor = capture_floor(ref_params, cfg, tokens, prompt, prec, window=window)
+        out(f"noise floor: the reference re-run at {prec.short()} ({prec.text()}, "
+            f"{'--port-precision' if getattr(args, 'port_precision', None) else 'declared by ' + labels[0]}; "
+            f"docs/precision.md), {time.perf_counter() - t0:.2f} s; rules {rules.source}")
+    from ladder.engine.rules import UNIT_EPS
     cmp = compare_ladders(a, b, rules, prefix="port", a_label=labels[0], b_label=labels[1],
-                          keep=keep)
+                          keep=keep, floor=floor,
+                          unit_eps=UNIT_EPS[prec.activations if prec else "float32"])
+    cmp.precision = prec
     check_recorded_argmax(cmp, a, b, labels)
     print_table(cmp, args, out)
     out("")
@@ -136,7 +154,8 @@ def cmd_compare(args, out=print) -> int:
             from ladder.sides.dump_locate import locate_dump
             full_ref = b if specs[1] == "reference" else run_live(
                 "reference", args, ref_params, cfg, None, tokens, prompt, window)[0]
-            loc = locate_dump(cmp, a, full_ref, ref_params, cfg, window)
+            loc = locate_dump(cmp, a, full_ref, ref_params, cfg, window, floor=floor,
+                              precision=prec)
             out("")
             out(str(loc))
         else:
@@ -149,6 +168,15 @@ def cmd_compare(args, out=print) -> int:
         for ext, p in paths.items():
             out(f"wrote {p} ({os.path.getsize(p)} bytes)")
     return 0 if cmp.passed else 1
+
+
+def _precision(args, candidate):
+    """The candidate's precision when below float32 (--port-precision, else what the side
+    declares: an archive's producer.precision, a port's attribute), else None."""
+    from ladder.model.precision import Precision
+    spec = getattr(args, "port_precision", None)
+    prec = Precision.parse(spec) if spec else candidate.meta.get("precision")
+    return None if prec is None or prec.is_float32 else prec
 
 
 def cmd_dump(args, out=print) -> int:
@@ -178,6 +206,9 @@ def cmd_dump(args, out=print) -> int:
                 (args.port if args.side == "port" else args.side),
                 "device": "cpu" if args.side in ("reference", "port") else args.device,
                 "dtype": "float32"}
+    if lad.meta.get("precision") is not None:      # what the live port computed in
+        producer["precision"] = lad.meta["precision"]
+        producer["dtype"] = lad.meta["precision"].activations
     weights = {"source": src["source"], "file": os.path.basename(file) if file else
                src.get("preset", ""), "sha256": file_sha256(file) if file else None,
                "params_sha256": params_sha256(ref_params)}

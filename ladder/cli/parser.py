@@ -95,9 +95,20 @@ def model_args(p, regen=False):
                    help="compare an in-process port of the protocol (ladder/sides/ports.py) instead "
                         "of port.V2Model; locate re-runs the reference's layer from its inputs")
     port_timeout_arg(p)
+    precision_arg(p)
     p.add_argument("--dump", default=None, metavar="FILE",
                    help="the port side is this recording (a trace archive or a needle-rs "
                         "fixture): run, locate and report judge it as `compare FILE` does")
+
+
+def precision_arg(p):
+    p.add_argument("--port-precision", default=None, metavar="SPEC",
+                   help="what the port computes in, e.g. bfloat16, float16, 'float32,kv=int8', "
+                        "'act=bfloat16,weights=cq,kv=int8' (docs/precision.md): below float32 "
+                        "it is judged against a noise floor, the reference re-run at that "
+                        "precision; our port (torch backend, eager) runs at it; a recording's "
+                        "or protocol port's own declaration is used when this is not given "
+                        "(default: none: float32, or what the side declares)")
 
 
 def port_timeout_arg(p):
@@ -212,6 +223,7 @@ def build_parser(more=()) -> argparse.ArgumentParser:
         p.add_argument("--port", default=None, metavar="MODULE:FACTORY",
                        help="an in-process port (ladder/sides/ports.py): side 'port'")
         port_timeout_arg(p)
+        precision_arg(p)
         p.add_argument("--no-check-plain", action="store_true",
                        help="skip proving that tracing changes no bit on a live side")
         p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],

@@ -90,12 +90,13 @@ def checker(args, models, planted_path: bool):
 
     def check(s: Schedule):
         model = models.get(s.layers)
+        prec = getattr(args, "port_precision", None)
         port = args.port if args.port else model.our_port(args.backend, args.decode,
-                                                          args.device)
+                                                          args.device, precision=prec)
         kw = {} if args.port else {"window": s.window}
         try:
             v = judge(port, model, rules=args.rules, tokens=list(s.tokens),
-                      prompt_len=s.prompt_len,
+                      prompt_len=s.prompt_len, precision=prec,
                       check_plain=planted_path or not args.no_check_plain, **kw)
         except PathError as e:
             return Divergence(f"{e.path}:{e.point}", "path", e.step, e.position, math.inf)

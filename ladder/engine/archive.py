@@ -4,7 +4,8 @@ Why safetensors: every ecosystem a port lives in writes it with its own library 
 `safetensors` crate, C++'s, `safetensors.numpy` from JAX), it holds no code (no pickle), and
 its header is plain JSON, so a reader can check every declared size before allocating.
 
-Layout (format "needle-parity-trace", schema_version 1; README "Bring your own port"):
+Layout (format "needle-parity-trace", schema_version 2; version 1 is read too, as a float32
+producer; README "Bring your own port"):
 
 - one tensor per recorded value, keyed `{step}/{point}` (`prefill/embed`, `decode03/L07.y`),
   point names as the registry spells them (ladder/model/points.py); the leading axis is the
@@ -14,7 +15,10 @@ Layout (format "needle-parity-trace", schema_version 1; README "Bring your own p
 - the manifest: one JSON string in the safetensors metadata under `needle_parity_trace`:
 
       format, schema_version
-      producer     {name, version, backend, device, dtype}
+      producer     {name, version, backend, device, dtype, precision}; precision (version
+                   2) is what the producer computes in, in ladder/model/precision.py's
+                   syntax ("bfloat16", "float32,kv=int8", "act=float16,weights=cq,kv=int8"):
+                   a side below float32 is judged against a noise floor (docs/precision.md)
       geometry     {d_model, num_heads, num_kv_heads, num_layers, head_dim, mhc_lanes,
                     engram_layers, engram_orders, rope_theta, vocab_size}
       kv_window    the attention window the run used (0: full causal)
@@ -42,9 +46,11 @@ from bounded.io import open_regular
 from bounded.safetensors import ST_DTYPES, load_safetensors, read_header
 from bounded.size import DEFAULT_MAX_MEMORY
 from ladder.engine.steps import CAPTURED, Step, schedule
+from ladder.model.precision import FLOAT32, Precision, PrecisionError
 
 FORMAT = "needle-parity-trace"
-SCHEMA = 1
+SCHEMA = 2
+SCHEMAS = (1, 2)            # version 1: no producer.precision (a float32 producer)
 META_KEY = "needle_parity_trace"
 MAX_STEPS = 1 << 16
 MAX_POINTS = 1 << 16
@@ -84,8 +90,9 @@ def manifest_for(ladder: Ladder, *, producer: dict, geometry: dict, kv_window: i
     missing.update(ladder.hidden)
     return {
         "format": FORMAT, "schema_version": SCHEMA,
-        "producer": {k: str(producer.get(k, "")) for k in
-                     ("name", "version", "backend", "device", "dtype")},
+        "producer": {**{k: str(producer.get(k, "")) for k in
+                        ("name", "version", "backend", "device", "dtype")},
+                     "precision": Precision.parse(producer.get("precision", FLOAT32)).text()},
         "geometry": dict(geometry), "kv_window": int(kv_window),
         "weights": {k: weights.get(k) for k in ("source", "file", "sha256", "params_sha256")},
         "schedule": {"tokens": [int(t) for t in ladder.tokens], "prompt_len": int(prompt_len),
@@ -155,9 +162,9 @@ def parse_manifest(text, where: str) -> dict:
     if m.get("format") != FORMAT:
         raise ArchiveError(f"{where}: field format={str(m.get('format'))[:40]!r}; this reader "
                            f"knows {FORMAT!r}")
-    if _need(m, "schema_version", int, where) != SCHEMA:
+    if _need(m, "schema_version", int, where) not in SCHEMAS:
         raise ArchiveError(f"{where}: field schema_version={m['schema_version']}; this reader "
-                           f"knows {SCHEMA}")
+                           f"knows {', '.join(map(str, SCHEMAS))}")
     for key, kind in (("producer", dict), ("geometry", dict), ("kv_window", int),
                       ("weights", dict), ("schedule", dict), ("argmax", dict),
                       ("captured", str), ("points", list), ("not_emitted", dict)):
@@ -166,6 +173,15 @@ def parse_manifest(text, where: str) -> dict:
         if not (v is None or isinstance(v, str)):      # printed as the side's label
             raise ArchiveError(f"{where}: field producer.{str(k)[:40]} must be a string, not "
                                f"{type(v).__name__}")
+    prec = m["producer"].get("precision")
+    if m["schema_version"] >= 2 and prec is None:
+        raise ArchiveError(f"{where}: field producer.precision is missing; schema_version 2 "
+                           f"declares what the producer computes in (e.g. \"float32\", "
+                           f"\"bfloat16,kv=int8\")")
+    try:
+        m["precision"] = FLOAT32 if prec is None else Precision.parse(prec)
+    except PrecisionError as e:
+        raise ArchiveError(f"{where}: field producer.precision: {e}") from None
     if m["captured"] not in CAPTURED:
         raise ArchiveError(f"{where}: field captured={m['captured'][:20]!r}; one of {CAPTURED}")
     m.setdefault("leading_axis", "positions")

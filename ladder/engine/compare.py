@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ladder.engine.fold import Fold
 from ladder.engine.metrics import metrics
+from ladder.engine.rule import by_position, noise_units
 from ladder.engine.rules import DEFAULT_RULES, Rule, RuleSet
 from ladder.engine.trace import Ladder, TAIL, is_coarse, layer_of
 
@@ -49,6 +51,10 @@ class PointResult:
     note: str = ""
     pos0: int = 0              # absolute position of the step's first position
     errors: tuple = ()         # rule error / allowance at each position of the step
+    # three-way (a noise floor beside the reference): the floor's max|floor-b|, and the
+    # largest ratio of the candidate's max|a-b| to the noise unit over the step's positions
+    floor_abs: float = math.nan
+    noise_ratio: float = math.nan
 
     def error_at(self, pos: int) -> float:
         """The rule error at absolute position `pos` (the step's worst when not recorded)."""
@@ -114,8 +120,10 @@ class LogitsResult:
 
 
 def compare_point(step: str, point: str, a, b, pattern: str, rule: Rule, rel_floor: float,
-                  pos0: int = 0) -> PointResult:
-    """One point of one step: a, b are [S, ...]; position j is absolute position pos0 + j."""
+                  pos0: int = 0, floor=None, units=None) -> PointResult:
+    """One point of one step: a, b are [S, ...]; position j is absolute position pos0 + j.
+    `floor`, `units`: the noise floor's values there and the noise unit at each position
+    (noise_units; three-way, which a noise-unit rule needs)."""
     if a.shape != b.shape:
         return _missing(step, point, tuple(b.shape), pattern, rule,
                         f"shape {list(a.shape)} vs reference {list(b.shape)}")
@@ -126,8 +134,18 @@ def compare_point(step: str, point: str, a, b, pattern: str, rule: Rule, rel_flo
     if half:
         a, b = a.float(), b.float()
     m = metrics(a, b, rel_floor)
-    ratios = rule.position_ratios(a, b)
+    ratios = rule.position_ratios(a, b, units)
     errs = rule.position_errors(a, b, ratios)
+    floor_abs = noise_ratio = math.nan
+    if floor is not None:
+        unit = units
+        d = by_position((a.double() - b.double()).abs())
+        port = d.amax(1) if d.shape[1] else d.new_zeros(d.shape[0])
+        fd = by_position((floor.double() - b.double()).abs())
+        floor_abs = float(fd.max()) if fd.numel() else 0.0
+        r = torch.where(unit > 0, port / unit.clamp_min(1e-300),
+                        torch.where(port == 0, 0.0, math.inf))
+        noise_ratio = float(r.max()) if r.numel() else 0.0
     bad = int((ratios > 1).sum())
     worst = max(range(len(errs)), key=lambda j: errs[j]) if errs else 0
     first_bad = next((j for j, e in enumerate(errs) if not e <= 1.0), None)
@@ -141,7 +159,7 @@ def compare_point(step: str, point: str, a, b, pattern: str, rule: Rule, rel_flo
                        "; ".join(([f"compared as float32 ({', '.join(half)}; ulp in "
                                    f"float32 units)"] if half else []) +
                                  (["NaN/Inf in a capture"] if nonfinite else [])),
-                       pos0, tuple(errs))
+                       pos0, tuple(errs), floor_abs, noise_ratio)
 
 
 def _missing(step, point, shape, pattern, rule, note) -> PointResult:
@@ -150,13 +168,15 @@ def _missing(step, point, shape, pattern, rule, note) -> PointResult:
                        rule, math.inf, False, -1, None, note)
 
 
-def compare_logits(step: str, pos: int, a, b, rule: Rule, ruleset: RuleSet) -> LogitsResult:
-    """Argmax/top-k agreement and KL for one position's logits [V]."""
+def compare_logits(step: str, pos: int, a, b, rule: Rule, ruleset: RuleSet,
+                   unit: float = 0.0) -> LogitsResult:
+    """Argmax/top-k agreement and KL for one position's logits [V]; `unit`: the noise unit
+    at the position (a noise-unit rule's allowance is at least noise x unit)."""
     a64, b64 = a.double(), b.double()
     if not (torch.isfinite(a64).all() and torch.isfinite(b64).all()):
         return LogitsResult(step, pos, -1, -1, False, False, math.nan, 0.0, False)
     scale = b64.abs().max() if rule.scale == "maxabs" else b64.abs()
-    allow = rule.allowance(scale) * torch.ones_like(b64)
+    allow = (rule.allowance(scale) * torch.ones_like(b64)).clamp_min(rule.noise * unit)
     tie = ruleset.logits.tie_factor / 2
     ia, ib = int(a64.argmax()), int(b64.argmax())
     near = ia != ib and float(b64[ib] - b64[ia]) <= tie * float(allow[ia] + allow[ib])
@@ -204,6 +224,8 @@ class Comparison:
     total_failing: int = 0
     fail_counts: dict = field(default_factory=dict)     # point -> failing steps
     point_order: list = field(default_factory=list)
+    precision: object = None        # the candidate's declared precision (three-way), or None
+    floor_label: str | None = None  # the noise floor's label, when one was compared
 
     @property
     def passed(self) -> bool:
@@ -306,8 +328,13 @@ def schedule_difference(a: Ladder, b: Ladder) -> str:
 
 
 def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "port",
-                    a_label=None, b_label=None, keep: str = "all") -> Comparison:
+                    a_label=None, b_label=None, keep: str = "all", floor: Ladder | None = None,
+                    unit_eps: float = 0.0) -> Comparison:
     """Every (step, point) of `a` against `b` under rules matched on `{prefix}/{point}`.
+
+    `floor`: a noise floor (the reference at the candidate's precision, same schedule): each
+    row then also holds the floor's error and the candidate's in noise units, and noise-unit
+    rules allow `noise` x max(floor error, unit_eps x max|b|) (docs/precision.md).
 
     keep="all": a row per (step, point). keep="summary": what a long comparison needs and no
     more (Comparison.folded): the first divergence, each point's worst, and the first failing
@@ -319,10 +346,17 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
     if why:
         raise CompareError(f"ladders {a.label!r} and {b.label!r} come from different token "
                            f"schedules: {why}; compare runs of the same tokens")
-    if a.captured != b.captured:          # one side kept each step's last position only
-        a, b = a.last_only(), b.last_only()
+    if floor is not None:
+        why = schedule_difference(floor, b)
+        if why:
+            raise CompareError(f"the noise floor {floor.label!r} and {b.label!r} come from "
+                               f"different token schedules: {why}")
+    if a.captured != b.captured or (floor is not None and floor.captured != b.captured):
+        a, b = a.last_only(), b.last_only()     # one side kept each step's last position only
+        floor = None if floor is None else floor.last_only()
     rows, logit_rows, hidden = [], [], []
-    fold = _Fold() if keep == "summary" else None
+    seen = {}                  # point -> the noise floor's largest error so far (noise_units)
+    fold = Fold() if keep == "summary" else None
     for si, st in enumerate(b.steps):
         if fold is not None:
             fold.add(si, rows)
@@ -343,10 +377,25 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
                 rows.append(_missing(st.name, point, shape, pattern, rule,
                                      f"not traced by {side}"))
                 continue
+            fv = floor[key] if floor is not None and key in floor else None
+            if fv is not None and tuple(fv.shape) != tuple(b[key].shape):
+                fv = None                   # the floor cannot judge a point of another shape
+            if fv is None and rule.noise:
+                raise CompareError(f"{key}: rule {pattern!r} ({rule.describe()}) is in noise "
+                                   f"units, and no noise floor holds the point (declare the "
+                                   f"candidate's precision, or use absolute rules)")
+            units = None
+            if fv is not None:              # the floor's running drift at this point
+                units = noise_units(fv, b[key], unit_eps, seen.get(point, 0.0))
+                if units.numel():
+                    seen[point] = max(seen.get(point, 0.0), float(
+                        noise_units(fv, b[key], 0.0, seen.get(point, 0.0))[-1]))
             row = compare_point(st.name, point, a[key], b[key], pattern, rule, rs.rel_floor,
-                                pos0)
+                                pos0, fv, units)
             if point == TAIL[-1] and a[key].shape == b[key].shape:
-                res = [compare_logits(st.name, pos0 + j, a[key][j], b[key][j], rule, rs)
+                ul = [0.0] * a[key].shape[0] if units is None else units.tolist()
+                res = [compare_logits(st.name, pos0 + j, a[key][j], b[key][j], rule, rs,
+                                      ul[j])
                        for j in range(a[key].shape[0])]
                 logit_rows += res
                 bad = [r for r in res if not r.passed]
@@ -355,48 +404,11 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
                                 f"argmax/top-k/KL check failed at position {bad[0].pos}")
             rows.append(row)
     cmp = Comparison(rows, logit_rows, rs, prefix, a_label or a.label, b_label or b.label,
-                     list(b.steps), hidden)
+                     list(b.steps), hidden, floor_label=None if floor is None else floor.label)
     if fold is not None:
         fold.add(len(b.steps), rows)
         fold.finish(cmp)
     return cmp
-
-
-class _Fold:
-    """keep="summary": rows folded step by step into what the verdicts read."""
-
-    def __init__(self):
-        self.worst, self.first_fail, self.first_step = {}, {}, None
-        self.order, self.total, self.failing, self.counts = {}, 0, 0, {}
-
-    def add(self, si: int, step_rows: list):
-        if not step_rows:
-            return
-        si -= 1                                   # the rows are the previous step's
-        bad = False
-        for j, r in enumerate(step_rows):
-            self.order[id(r)] = (si, j)
-            self.total += 1
-            err = math.inf if math.isnan(r.error) else r.error
-            w = self.worst.get(r.point)
-            if w is None or err > (math.inf if math.isnan(w.error) else w.error):
-                self.worst[r.point] = r
-            if not r.passed:
-                bad = True
-                self.failing += 1
-                self.counts[r.point] = self.counts.get(r.point, 0) + 1
-                self.first_fail.setdefault(r.point, r)
-        if bad and self.first_step is None:
-            self.first_step = step_rows
-
-    def finish(self, cmp: Comparison):
-        kept = {id(r): r for r in (self.first_step or [])}
-        kept.update({id(r): r for r in self.worst.values()})
-        kept.update({id(r): r for r in self.first_fail.values()})
-        cmp.rows = sorted(kept.values(), key=lambda r: self.order[id(r)])
-        cmp.folded, cmp.total_rows, cmp.total_failing = True, self.total, self.failing
-        cmp.fail_counts = dict(self.counts)
-        cmp.point_order = list(self.worst)        # first appearance, as the full rows give
 
 
 def _with(row: PointResult, passed: bool, first_bad, note: str) -> PointResult:

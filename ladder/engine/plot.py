@@ -188,3 +188,54 @@ def growth_plot(df: pd.DataFrame, title: str = "error growth", backend: str = "a
     if backend == "png" or (backend == "auto" and have_matplotlib()):
         return "image/png", png_matplotlib(steps, cols, vals, first, title)
     return "image/svg+xml", svg(steps, cols, vals, first, title)
+
+
+def floor_matrix(df: pd.DataFrame):
+    """Three-way rows (a noise floor beside the reference): per column of growth_matrix, the
+    port's worst max|a-b|, the floor's worst max|floor-b| and the worst ratio in noise units.
+    None when the rows have no floor."""
+    if "floor_abs" not in df.columns or not df["floor_abs"].notna().any():
+        return None
+    _, cols, _, _ = growth_matrix(df)
+    col = df["layer"].map(lambda x: f"L{int(x):02d}" if x >= 0 else None)
+    col = col.where(col.notna(), df["point"].map(
+        lambda p: "out" if p in ("lane_mean", "final_norm", "logits") else "in"))
+    g = df.assign(col=col).groupby("col")
+    pick = lambda name: [float(g[name].max().get(c, math.nan)) for c in cols]
+    return cols, pick("max_abs"), pick("floor_abs"), pick("noise_ratio")
+
+
+def floor_svg(cols, port, floor, ratio, title: str) -> bytes:
+    """The port's error over the noise floor's, per layer (log scale), the ratio above each."""
+    left, top, w, h = 70, 50, max(44 * len(cols), 300), 220
+    W, H = left + w + 40, top + h + 60
+    vals = [v for v in port + floor if math.isfinite(v) and v > 0]
+    lo = math.floor(math.log10(min(vals))) if vals else -6
+    hi = math.ceil(math.log10(max(vals))) if vals else 0
+    hi = max(hi, lo + 1)
+    ypix = lambda v: top + h - (min(max(math.log10(v), lo), hi) - lo) / (hi - lo) * h \
+        if v > 0 else top + h
+    xpix = lambda j: left + (j + 0.5) * w / len(cols)
+    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+         f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">',
+         f'<rect width="{W}" height="{H}" fill="white"/>',
+         f'<text x="{left}" y="18" font-size="14" font-weight="bold">{escape(title)}</text>',
+         f'<text x="{left}" y="34" fill="#555">worst max|a-b| (port, dark) and max|floor-b| '
+         f'(noise floor, grey) per layer; above: worst ratio in noise units</text>',
+         f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#888"/>']
+    for e in range(lo, hi + 1):
+        y = ypix(10.0 ** e)
+        o.append(f'<line x1="{left}" x2="{left + w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
+                 f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">1e{e}</text>')
+    for series, style in ((floor, 'stroke="#999" stroke-dasharray="5,3" stroke-width="2"'),
+                          (port, 'stroke="#135" stroke-width="2.5"')):
+        pts = " ".join(f"{xpix(j):.1f},{ypix(v):.1f}" for j, v in enumerate(series)
+                       if math.isfinite(v))
+        o.append(f'<polyline points="{pts}" fill="none" {style}/>')
+    for j, c in enumerate(cols):
+        o.append(f'<text x="{xpix(j):.1f}" y="{top + h + 14}" text-anchor="middle">{c}</text>')
+        if math.isfinite(ratio[j]):
+            o.append(f'<text x="{xpix(j):.1f}" y="{top - 4}" text-anchor="middle" '
+                     f'font-size="9">{ratio[j]:.2g}</text>')
+    o.append("</svg>")
+    return "\n".join(o).encode()

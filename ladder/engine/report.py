@@ -15,7 +15,7 @@ from html import escape
 import pandas as pd
 
 from ladder.engine.compare import Comparison
-from ladder.engine.plot import growth_plot
+from ladder.engine.plot import floor_matrix, floor_svg, growth_plot
 from ladder.engine.table import (GROWTH_LEGEND, HEADERS, SUMMARY, frame, summary, to_csv,
                                  to_markdown, fmt_number)
 
@@ -90,7 +90,13 @@ def html(cmp: Comparison, loc=None, info: dict | None = None, plot_backend="auto
     ]
     if loc is not None:
         parts.append(f"<h2>Locate</h2><pre>{escape(str(loc))}</pre>")
-    parts += [
+    three = floor_matrix(df)
+    floor_fig = [] if three is None else [
+        "<h2>The port's error over the noise floor's</h2>",
+        '<img alt="port error and noise-floor error per layer" src="data:image/svg+xml;base64,'
+        + base64.b64encode(floor_svg(*three, title=cmp.floor_label or "noise floor")).decode()
+        + '">']
+    parts += floor_fig + [
         "<h2>Error growth</h2>",
         f'<img alt="error / allowance per step and layer" src="{uri}">',
         "<h2>Per point (worst step)</h2>",

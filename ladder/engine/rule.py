@@ -45,12 +45,15 @@ def _finite_nonneg(owner: str, name: str, value, limit: float = MAX_TOLERANCE) -
     return float(value)
 
 
-def _by_position(t):
+def by_position(t):
     """[S, ...] -> [S, N] (N may be 0: a point with no values at some step, e.g. no rows yet)."""
     n = 1
     for d in t.shape[1:]:
         n *= d
     return t.reshape(t.shape[0], n)
+
+
+_by_position = by_position
 
 
 @dataclass(frozen=True)
@@ -62,11 +65,17 @@ class Rule:
     stat: str = "max"              # "max" | "p99"
     floor: float = 0.0             # the allowance never drops below this (zero references)
     exact: bool = False            # equality only (index tensors): any difference fails
+    # noise units: the allowance is at least `noise` x the noise floor's own error at the
+    # position (docs/precision.md); needs a noise-floor ladder beside the reference
+    noise: float = 0.0
 
     def __post_init__(self):
         _finite_nonneg("Rule", "rtol", self.rtol)
         _finite_nonneg("Rule", "atol", self.atol)
         _finite_nonneg("Rule", "floor", self.floor)
+        _finite_nonneg("Rule", "noise", self.noise)
+        if self.exact and self.noise:
+            raise RulesError(f"Rule: an exact rule allows nothing; noise={self.noise} must be 0")
         if not isinstance(self.exact, bool):
             raise RulesError(f"Rule: field exact={self.exact!r} must be true or false")
         if self.exact and (self.rtol or self.atol):
@@ -120,9 +129,10 @@ class Rule:
     def check(self, a, b) -> bool:
         return self.error(a, b) <= 1.0
 
-    def position_ratios(self, a, b):
+    def position_ratios(self, a, b, units=None):
         """`ratios` of each slice a[j], b[j] along the leading (position) axis, as [S, N];
-        every element of a slice holding a NaN/Inf reads inf, as `error` does."""
+        every element of a slice holding a NaN/Inf reads inf, as `error` does. A noise-unit
+        rule also allows `noise` x units[j] at position j (noise_units, float64 [S])."""
         if self.exact:            # compared in their own dtype: no rounding through float64
             a, b = _by_position(a), _by_position(b)
             return torch.where(a == b, 0.0, float("inf")).double()
@@ -133,15 +143,20 @@ class Rule:
             allow = self.allowance(top).expand_as(diff)
         else:
             allow = self.allowance(b.abs())
+        if self.noise:
+            if units is None:
+                raise RulesError(f"a noise-unit rule ({self.describe()}) needs the noise-floor "
+                                 f"reference: declare the side's precision (--port-precision)")
+            allow = torch.maximum(allow, self.noise * units.to(allow.dtype)[:, None])
         r = torch.where(allow > 0, diff / allow.clamp_min(1e-300),
                         torch.where(diff == 0, 0.0, float("inf")))
         finite = (torch.isfinite(a) & torch.isfinite(b)).all(1, keepdim=True)
         return torch.where(finite, r, float("inf"))
 
-    def position_errors(self, a, b, ratios=None):
+    def position_errors(self, a, b, ratios=None, units=None):
         """[error(a[j], b[j]) for each position j] in one vectorised pass, as a list
         (`ratios`: position_ratios(a, b) when the caller already has them)."""
-        r = self.position_ratios(a, b) if ratios is None else ratios
+        r = self.position_ratios(a, b, units) if ratios is None else ratios
         if not r.shape[1]:
             return [0.0] * r.shape[0]
         if self.stat == "p99" and r.shape[1] > 1:
@@ -151,12 +166,30 @@ class Rule:
     def describe(self) -> str:
         if self.exact:
             return "exact (torch.equal)"
-        s = f"rtol {self.rtol:.1e}"
+        s = f"{self.noise:g}x floor, " if self.noise else ""
+        s += f"rtol {self.rtol:.1e}"
         if self.atol:
             s += f" atol {self.atol:.1e}"
         if self.floor:
             s += f" floor {self.floor:.0e}"
         return s + f" {self.scale}" + ("" if self.stat == "max" else f" {self.stat}")
+
+
+def noise_units(floor, b, unit_eps: float = 0.0, prior: float = 0.0):
+    """The noise unit at each position [S] (float64): the largest max |floor - b| the noise
+    floor has shown at this point up to and including the position (`prior`: its largest
+    before this step), and never less than `unit_eps` x max |b|, one rounding of the floor's
+    dtype. A running maximum because the floor's error at one position is one sample of the
+    drift an honest implementation shows there: a point of four elements (hpost) lands near
+    the truth by chance, and a port that lands farther is no less honest. `floor`, `b`:
+    [S, ...] (the floor in any float dtype)."""
+    f, r = _by_position(floor.double()), _by_position(b.double())
+    if not r.shape[1]:
+        return r.new_full((r.shape[0],), float(prior))
+    d = (f - r).abs()
+    d = torch.where(torch.isfinite(d), d, torch.zeros_like(d)).amax(1)
+    d = torch.cummax(d.clamp_min(float(prior)), 0).values
+    return torch.maximum(d, unit_eps * r.abs().amax(1))
 
 
 @dataclass(frozen=True)

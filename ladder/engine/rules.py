@@ -25,7 +25,8 @@ from ladder.engine.rule import (  # noqa: F401  (the public surface of the rules
     UncoveredPointError)
 from ladder.engine.rule_tables import (  # noqa: F401
     CACT_RULES, DEFAULT_RULES, KERNEL_RULES, NEEDLE_RS_RULES, OTHER_REFERENCE_RULES, PORT_RULES,
-    UPSTREAM_RULES, V41_DEVICE_FLIPS, V41_INDEX_WHY, V41_RULES, V41_RULESET)
+    UPSTREAM_RULES, V41_DEVICE_FLIPS, V41_INDEX_WHY, V41_RULES, V41_RULESET, NOISE_K, NOISE_RULES,
+    PORT_NOISE_RULES, UNIT_EPS)
 
 
 def rule_for(name: str, rules) -> Rule:

@@ -3,7 +3,9 @@
 Columns: the metrics of compare.py, the rule that judged the point, the pass flag, a marker
 on the first divergence, and `growth`: max|a-b| over the same point one layer earlier at the
 same step (how the error grows through depth; NaN where there is no earlier layer or it was
-exactly zero). `summary` folds the steps: per point its worst step.
+exactly zero). `summary` folds the steps: per point its worst step. Three-way (a noise floor
+beside the reference, docs/precision.md): `floor_abs`, the floor's own max|floor-b|, and
+`noise_ratio`, the candidate's max|a-b| in noise units; the terminal shows both.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pandas as pd
 COLUMNS = ["step", "point", "layer", "coarse", "shape", "error", "passed", "first_fail",
            "max_abs", "max_rel", "ulp", "cosine", "one_minus_cos", "sqnr_db", "mismatch",
            "nan_a", "nan_b", "inf_a", "inf_b", "rule", "rtol", "atol", "floor", "scale", "stat",
-           "growth", "worst_pos", "first_bad_pos", "note"]
+           "growth", "worst_pos", "first_bad_pos", "note", "floor_abs", "noise_ratio", "noise"]
 
 # What `python -m ladder run` prints; the CSV/HTML keep every column.
 BRIEF = ["point", "step", "error", "max_abs", "max_rel", "ulp", "one_minus_cos", "sqnr_db",
@@ -47,7 +49,8 @@ def frame(cmp: "Comparison") -> pd.DataFrame:
             inf_a=r.inf_a, inf_b=r.inf_b, rule=r.pattern, rtol=r.rule.rtol, atol=r.rule.atol,
             floor=r.rule.floor,
             scale=r.rule.scale, stat=r.rule.stat, growth=growth, worst_pos=r.worst_pos,
-            first_bad_pos=-1 if r.first_bad_pos is None else r.first_bad_pos, note=r.note))
+            first_bad_pos=-1 if r.first_bad_pos is None else r.first_bad_pos, note=r.note,
+            floor_abs=r.floor_abs, noise_ratio=r.noise_ratio, noise=r.rule.noise))
     df = pd.DataFrame(recs, columns=COLUMNS)
     if cmp.folded:                    # a summary comparison counts its failing steps itself
         df.attrs["fail_counts"] = dict(cmp.fail_counts)
@@ -84,7 +87,8 @@ GROWTH_LEGEND = ("growth: max|a-b| at this point over max|a-b| at the same point
                  "earlier layer or its error was exactly zero)")
 
 HEADERS = {"passed": "result", "one_minus_cos": "1-cos", "worst_step": "worst at",
-           "failing_steps": "failing", "first_fail": "first"}
+           "failing_steps": "failing", "first_fail": "first", "floor_abs": "floor|f-b|",
+           "noise_ratio": "x floor"}
 
 
 def fmt_number(v, col: str) -> str:
@@ -111,10 +115,19 @@ def _cells(df: pd.DataFrame, cols) -> list:
     return [[fmt_number(row[c], c) for c in cols] for _, row in df.iterrows()]
 
 
+def three_way(cols: list, df: pd.DataFrame) -> list:
+    """`cols` with the noise floor's columns after max_abs when the rows have a floor."""
+    if "floor_abs" not in df.columns or not df["floor_abs"].notna().any() \
+            or "floor_abs" in cols or "max_abs" not in cols:
+        return list(cols)
+    at = cols.index("max_abs") + 1
+    return cols[:at] + ["floor_abs", "noise_ratio"] + cols[at:]
+
+
 def to_text(df: pd.DataFrame, cols=None) -> str:
     """A fixed-width table for the terminal."""
-    cols = [c for c in (cols or (SUMMARY if "worst_step" in df.columns else BRIEF))
-            if c in df.columns]
+    cols = [c for c in three_way(list(cols or (SUMMARY if "worst_step" in df.columns
+                                               else BRIEF)), df) if c in df.columns]
     cells = _cells(df, cols)
     head = [HEADERS.get(c, c) for c in cols]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(head)]

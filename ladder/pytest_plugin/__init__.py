@@ -76,6 +76,10 @@ def pytest_addoption(parser):
                 help="the weight form (default cq with --ladder-cact, else dense)")
     g.addoption("--ladder-decode", default="eager", choices=["eager", "graph"])
     g.addoption("--ladder-device", default="cpu", help="port.V2Model's device")
+    g.addoption("--ladder-precision", metavar="SPEC", default=None,
+                help="what the port computes in (bfloat16, float32,kv=int8, ...): our port "
+                     "runs at it, and every check is judged against a noise floor "
+                     "(docs/precision.md)")
     g.addoption("--ladder-preset", default="tiny", choices=["tiny", "shipped"])
     g.addoption("--ladder-seed", type=int, default=0, help="parameter init and token seed")
     g.addoption("--ladder-params", metavar="FILE", default=None, help="safetensors parameters")
@@ -264,14 +268,15 @@ def ladder_port(pytestconfig, ladder_reference):
         return
     fault = _opt(c, "plant")
     if fault is None:
-        yield ladder_reference.our_port(_opt(c, "backend"), _opt(c, "decode"), _opt(c, "device"))
+        yield ladder_reference.our_port(_opt(c, "backend"), _opt(c, "decode"), _opt(c, "device"),
+                                        precision=_opt(c, "precision"))
         return
     from ladder.sides.faults import planted                  # the name was checked in pytest_configure
     from ladder.sides.path_faults import PATH_FAULTS
     path = PATH_FAULTS.get(fault)                # a bug in one plain path (the check finds it)
     with path.plant() if path is not None else planted(fault, _opt(c, "backend")):
         yield ladder_reference.our_port(_opt(c, "backend"), _opt(c, "decode"),
-                                        _opt(c, "device"))
+                                        _opt(c, "device"), precision=_opt(c, "precision"))
 
 
 def _out_dir(request, name: str) -> str:
@@ -343,6 +348,8 @@ def ladder_check(request, ladder_reference):
 
     def check(port=None, model=None, **kw):
         port, merged = _args(request, port, kw, "ladder_check")
+        if _opt(request.config, "precision"):
+            merged.setdefault("precision", _opt(request.config, "precision"))
         v = judge(port, model or ladder_reference, **merged)
         _record(request, v, "check")
         if not v.passed:

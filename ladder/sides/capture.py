@@ -30,9 +30,11 @@ def check_ladder(ladder, cfg, keep=None) -> None:
     points.check_ladder(ladder, cfg, keep)
 
 def capture_reference(params, cfg, tokens, prompt_len: int, *, window=None, keep=None,
-                      check_plain: bool = False, progress=None, label="reference") -> Ladder:
+                      check_plain: bool = False, progress=None, label="reference",
+                      kv_store=None) -> Ladder:
     """forward_cached: one prefill call, then one call per decode step, Engram history = the
-    whole token list (valid everywhere), as generation sees it."""
+    whole token list (valid everywhere), as generation sees it. `kv_store`: the cache's
+    format (the noise-floor reference's, ladder/sides/noise_floor.py)."""
     steps = schedule(tokens, prompt_len)
     toks = torch.tensor([[int(t) for t in tokens]], dtype=torch.int64)
     N = toks.shape[1]
@@ -43,7 +45,7 @@ def capture_reference(params, cfg, tokens, prompt_len: int, *, window=None, keep
     pk, pv = kc, vc
     for st in steps:
         sl = toks[:, st.pos:st.pos + len(st.tokens)]
-        kw = dict(kv_window=window, hist=toks, hist_valid=valid)
+        kw = dict(kv_window=window, hist=toks, hist_valid=valid, kv_store=kv_store)
         lg, kc, vc = forward_cached(params, cfg, sl, kc, vc, st.pos,
                                     trace=ReferenceRecorder(ladder, st, keep=keep), **kw)
         if check_plain:
@@ -106,6 +108,10 @@ def capture_port(model, tokens, prompt_len: int, *, window=None, keep=None,
                 raise TraceError(f"{label}: state.{name} after the traced run differs from "
                                  f"the plain run's" + _untraced(model, steps[-1].name))
     check_ladder(ladder, model.cfg, keep)
+    prec = getattr(model, "precision", None)
+    if prec is not None and not prec.is_float32:       # port/precision.py: what it ran at
+        from ladder.model.precision import Precision
+        ladder.meta["precision"] = Precision.parse(prec.to_dict())
     return ladder
 
 

@@ -12,6 +12,11 @@ with its inputs ("inherited"); if not, the layer itself is wrong ("own").
 
 Whatever the dump lacks is taken from the reference's own run and named: the verdict then
 says which points would make it exact, and how far the substituted inputs could move it.
+
+A side below float32 is split at its own precision (docs/precision.md): the reference's layer
+runs twice on the port's inputs, in float32 (what the port is compared with) and at the port's
+precision (the local noise floor), and the port's local error is counted in units of the
+distance between the two.
 """
 from __future__ import annotations
 
@@ -31,8 +36,11 @@ def _pick(dump, ref, point, pos, used: list, lacking: list):
     return ref.at(point, pos)
 
 
-def rerun_reference_layer(params, cfg, layer: int, pos: int, dump, ref, window: int) -> tuple:
-    """({point: value} of the reference's `layer` at `pos` on the dump's inputs, used, lacking)."""
+def rerun_reference_layer(params, cfg, layer: int, pos: int, dump, ref, window: int,
+                          kv_store=None) -> tuple:
+    """({point: value} of the reference's `layer` at `pos` on the dump's inputs, used, lacking).
+    `params` at a lower precision with its `kv_store`: the same layer at that precision (the
+    dump's inputs rounded to it, its keys and values stored in the cache's format)."""
     from reference.decode import init_kv_cache, layer_cached
     from reference.ops import mhc_lane_offsets, rope_tables
     dtype = params["embedding/embedding"].dtype
@@ -49,9 +57,12 @@ def rerun_reference_layer(params, cfg, layer: int, pos: int, dump, ref, window: 
         eng = (ek.to(dtype).reshape(1, 1, -1), ev.to(dtype).reshape(1, 1, -1))
     kc, vc = init_kv_cache(cfg, 1, pos + 1, dtype)
     lo = max(0, pos - window + 1) if window else 0
+    store = (lambda t: t) if kv_store is None else kv_store
     for p in range(lo, pos):                  # the keys this position can attend to
-        kc[layer, 0, :, p] = _pick(dump, ref, point_name("k", layer), p, used, lacking).to(dtype)
-        vc[layer, 0, :, p] = _pick(dump, ref, point_name("v", layer), p, used, lacking).to(dtype)
+        kc[layer, 0, :, p] = store(_pick(dump, ref, point_name("k", layer), p, used,
+                                         lacking).to(dtype))
+        vc[layer, 0, :, p] = store(_pick(dump, ref, point_name("v", layer), p, used,
+                                         lacking).to(dtype))
     cos, sin = rope_tables(cfg.head_dim, pos + 1, cfg.rope_theta, dtype)
     pre_off, post_off = mhc_lane_offsets(cfg.num_layers, cfg.mhc_lanes, dtype)
     got = {}
@@ -63,13 +74,34 @@ def rerun_reference_layer(params, cfg, layer: int, pos: int, dump, ref, window: 
         got[point_name(name, i)] = v[0].detach().clone()
     x = lanes.to(dtype).reshape(1, 1, cfg.mhc_lanes, cfg.d_model)
     layer_cached(params, cfg, layer, x, eng, kc[layer], vc[layer], pos, cos[pos:pos + 1],
-                 sin[pos:pos + 1], window, None, None, trace, (pre_off[layer], post_off[layer]))
+                 sin[pos:pos + 1], window, None, None, trace, (pre_off[layer], post_off[layer]),
+                 kv_store=kv_store)
     return got, used, lacking
 
 
-def _err(rules, prefix, point, a, b) -> float:
+def _err(rules, prefix, point, a, b, floor=None, unit_eps=0.0) -> float:
+    """The rule error of `a` against `b` at one position; a noise-unit rule counts it in units
+    of |floor - b| there (one position: no running maximum, docs/precision.md)."""
+    from ladder.engine.rule import noise_units
     pattern = rules.pattern_for(f"{prefix}/{point}")
-    return float(rules.rules[pattern].position_errors(a[None].to(b.dtype), b[None])[0])
+    units = None if floor is None else noise_units(floor[None], b[None], unit_eps)
+    return float(rules.rules[pattern].position_errors(a[None].to(b.dtype), b[None],
+                                                      units=units)[0])
+
+
+class _AtPrecision:
+    """The pieces of a split at a side's precision: the floor ladder, the reference's
+    parameters at that precision and its cache format, the dtype's least noise unit."""
+
+    def __init__(self, floor, precision, params):
+        from ladder.engine.rules import UNIT_EPS
+        from ladder.sides.noise_floor import floor_kv_store, floor_params
+        self.floor, self.unit_eps = floor, UNIT_EPS[precision.activations]
+        self.params, self.kv_store = floor_params(params, precision), floor_kv_store(precision)
+
+    def rerun(self, cfg, layer, pos, dump, ref, window):
+        return rerun_reference_layer(self.params, cfg, layer, pos, dump, ref, window,
+                                     self.kv_store)[0]
 
 
 def _summarise(names: list) -> str:
@@ -105,9 +137,11 @@ def relevant_stand_ins(point: str, lacking: list) -> list:
     return out
 
 
-def locate_dump(cmp: Comparison, dump, ref, params, cfg, window: int) -> Location | None:
+def locate_dump(cmp: Comparison, dump, ref, params, cfg, window: int, floor=None,
+                precision=None) -> Location | None:
     """The first divergence of `cmp` (dump = candidate `a`, ref = yardstick `b`), split into
-    the layer's own error and what it inherited, by re-running the reference's layer."""
+    the layer's own error and what it inherited, by re-running the reference's layer.
+    `floor`, `precision`: a side below float32, split at its precision (module docstring)."""
     first = cmp.first
     if first is None:
         return None
@@ -121,13 +155,24 @@ def locate_dump(cmp: Comparison, dump, ref, params, cfg, window: int) -> Locatio
         return loc
     loc.bisection = layer_scan(cmp, first)
     rules = as_ruleset(cmp.rules)
+    low = None if floor is None else _AtPrecision(floor, precision, params)
+    if low is not None:
+        loc.rerun_on = (f"the port's recorded inputs (the reference's layer re-run in float32 "
+                        f"and at {precision.short()}, the local noise floor)")
     got, used, lacking = rerun_reference_layer(params, cfg, first.layer, pos, dump, ref, window)
+    got_low = {} if low is None else low.rerun(cfg, first.layer, pos, dump, ref, window)
+
+    def floor_at(point):             # the chained noise floor's value (None: float32 side)
+        return None if low is None or not low.floor.has_at(point, pos) \
+            else low.floor.at(point, pos)
+    eps = 0.0 if low is None else low.unit_eps
     for point, val in got.items():
         if not dump.has_at(point, pos):
             continue
         mine = dump.at(point, pos)
-        pe = _err(rules, cmp.prefix, point, mine, ref.at(point, pos))
-        le = _err(rules, cmp.prefix, point, mine, val)     # port vs reference on port inputs
+        pe = _err(rules, cmp.prefix, point, mine, ref.at(point, pos), floor_at(point), eps)
+        # port vs reference on port inputs (at the port's precision: in local noise units)
+        le = _err(rules, cmp.prefix, point, mine, val, got_low.get(point), eps)
         loc.injection.append(Injected(point, rules.pattern_for(f"{cmp.prefix}/{point}"), pe, le))
     stood_in_layers = []
     for i in range(cfg.num_layers):          # every layer's output, split the same way
@@ -135,14 +180,16 @@ def locate_dump(cmp: Comparison, dump, ref, params, cfg, window: int) -> Locatio
         if not (dump.has_at(x, pos) and (i == 0 or dump.has_at(point_name("x", i - 1), pos))):
             continue
         if i == first.layer:
-            val, lack_i = got[x], lacking
+            val, lack_i, val_low = got[x], lacking, got_low.get(x)
         else:
             run_i = rerun_reference_layer(params, cfg, i, pos, dump, ref, window)
             val, lack_i = run_i[0][x], run_i[2]
+            val_low = None if low is None else low.rerun(cfg, i, pos, dump, ref, window)[x]
         mine = dump.at(x, pos)
         loc.layers.append(Injected(x, rules.pattern_for(f"{cmp.prefix}/{x}"),
-                                   _err(rules, cmp.prefix, x, mine, ref.at(x, pos)),
-                                   _err(rules, cmp.prefix, x, mine, val)))
+                                   _err(rules, cmp.prefix, x, mine, ref.at(x, pos),
+                                        floor_at(x), eps),
+                                   _err(rules, cmp.prefix, x, mine, val, val_low, eps)))
         if lack_i:
             stood_in_layers.append(f"L{i:02d}")
     loc.layers_title = (f"every layer's output x at position {pos} (local: the reference's "

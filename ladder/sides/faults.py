@@ -246,24 +246,24 @@ def hash_seed(xor: int = 1):
 
 
 def y_minus_bx():
-    return patched(V2Model, "layer", _mutated_layer("y_minus_bx", "y = z + mo - u",
-                                                     "y = z + mo - bx"))
+    return patched(V2Model, "layer", _mutated_layer("y_minus_bx", "y = q_(z + mo - u)",
+                                                     "y = q_(z + mo - bx)"))
 
 
 def hpost_one():
     """hpost = 1 * sigmoid(...) instead of 2 * sigmoid(...): the lanes' write-back halved."""
-    return patched(V2Model, "layer", _mutated_layer("hpost_one", "hpost = 2 * sigmoid(",
-                                                     "hpost = 1 * sigmoid("))
+    return patched(V2Model, "layer", _mutated_layer("hpost_one", "hpost = q_(2 * sigmoid(",
+                                                     "hpost = q_(1 * sigmoid("))
 
 
 def attn_gate_skipped():
     return patched(V2Model, "attention",
-                    _mutated_layer("attn_gate_skipped", "(o * gate,", "(o,", "attention"))
+                    _mutated_layer("attn_gate_skipped", "q_(o * gate)", "q_(o)", "attention"))
 
 
 def residual_gate_skipped():
     return patched(V2Model, "layer", _mutated_layer(
-        "residual_gate_skipped", "z = bx + lw.attn_gate * ap", "z = bx + ap"))
+        "residual_gate_skipped", "z = q_(bx + lw.attn_gate * ap)", "z = q_(bx + ap)"))
 
 
 def _cq_missing() -> str:

@@ -43,6 +43,7 @@ class ModelUnderTest:
     src: dict                     # source, file, sha256 (as `run` reports it)
     cactfile: object = None
     references: dict = field(default_factory=dict)
+    floors: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, preset="tiny", seed=0, params=None, cact=None, weights=None,
@@ -101,13 +102,30 @@ class ModelUnderTest:
                                                      label="reference (float32)")
         return self.references[key]
 
-    def our_port(self, backend="torch", decode="eager", device="cpu"):
-        """port.V2Model on this model's weights."""
+    def floor(self, tokens, prompt_len: int, window: int, precision) -> Ladder:
+        """The noise-floor reference at `precision` on this schedule (ladder/sides/
+        noise_floor.py), captured once and kept."""
+        from ladder.model.precision import Precision
+        precision = Precision.parse(precision)
+        key = (tuple(int(t) for t in tokens), int(prompt_len), int(window), precision)
+        if key not in self.floors:
+            from ladder.sides.noise_floor import capture_floor
+            self.floors[key] = capture_floor(self.ref_params, self.cfg, list(key[0]),
+                                             prompt_len, precision, window=window)
+        return self.floors[key]
+
+    def our_port(self, backend="torch", decode="eager", device="cpu", precision=None):
+        """port.V2Model on this model's weights (`precision`: port/precision.py's)."""
         from port.model import V2Model
+        from ladder.model.precision import Precision
+        prec = None if precision is None else Precision.parse(precision)
+        if prec is not None and self.spec["weights"] == "cq":
+            prec = Precision(prec.activations, "cq", prec.kv)
+        arg = None if prec is None else prec.to_json()
         if self.spec["weights"] == "dense":
             return V2Model.from_params(self.params, self.cfg, weights="dense", device=device,
-                                       backend=backend, decode=decode)
-        return V2Model.from_cactfile(self.cactfile, "cq", device, backend, decode)
+                                       backend=backend, decode=decode, precision=arg)
+        return V2Model.from_cactfile(self.cactfile, "cq", device, backend, decode, arg)
 
 
 def _is_ours(port) -> bool:
@@ -180,6 +198,7 @@ class Captured:
     window: int                   # the window both sides step on
     override: int | None          # that window, when it is not the port's make_state()'s
     ours: bool                    # port.V2Model: its own layer can be re-run
+    precision: object = None      # what the side declares it computes in (None: float32)
 
 
 def _rules(rules):
@@ -207,7 +226,7 @@ def capture(port, model: ModelUnderTest, *, tokens=None, prompt_len=None, steps=
         if window is not None and window != win:
             raise JudgeError(f"window={window}: the recording stepped on window {win}")
         return Captured(port, recorded, recorded.label or "recording", tokens, prompt_len,
-                        win, None, False)
+                        win, None, False, recorded.meta.get("precision"))
     from ladder.sides.ports import guarded_call
     made = getattr(guarded_call("the port's make_state()", port.make_state), "window", None)
     if window is None:
@@ -227,24 +246,57 @@ def capture(port, model: ModelUnderTest, *, tokens=None, prompt_len=None, steps=
         label = f"port {type(port).__module__}.{type(port).__name__}"
         obtained = capture_protocol(port, model.cfg, tokens, prompt_len,
                                     check_plain=check_plain, label=label)
-    return Captured(port, obtained, label, tokens, prompt_len, window, override, ours)
+    return Captured(port, obtained, label, tokens, prompt_len, window, override, ours,
+                    declared_precision(port))
 
 
-def judge(port, model: ModelUnderTest, *, rules=None, locate=True, **schedule) -> "Verdict":
+def declared_precision(port):
+    """What a live port declares it computes in: our V2Model's `precision` (port/precision.py),
+    or a protocol port's `precision` attribute (a string or dict, ladder/model/precision.py);
+    None when it declares nothing (float32)."""
+    from ladder.model.precision import Precision, PrecisionError
+    p = getattr(port, "precision", None)
+    if p is None:
+        return None
+    if hasattr(p, "to_dict"):
+        p = p.to_dict()
+    try:
+        return Precision.parse(p, "the port's precision attribute")
+    except PrecisionError as e:
+        raise JudgeError(str(e)) from None
+
+
+def judge(port, model: ModelUnderTest, *, rules=None, locate=True, precision=None,
+          **schedule) -> "Verdict":
     """Capture `port` over the schedule (capture()'s keywords) and compare it with the
-    reference; on a divergence, locate it."""
-    return verdict_of(capture(port, model, **schedule), model, rules, locate)
+    reference; on a divergence, locate it. `precision` overrides what the port declares:
+    below float32 it is judged three-way, against a noise floor (docs/precision.md)."""
+    return verdict_of(capture(port, model, **schedule), model, rules, locate,
+                      precision=precision)
 
 
 def verdict_of(cap: Captured, model: ModelUnderTest, rules=None, locate=True,
-               yardstick: Ladder | None = None, yardstick_label: str | None = None):
+               yardstick: Ladder | None = None, yardstick_label: str | None = None,
+               precision=None):
     """Compare a capture with the reference, or with `yardstick` (a stored golden ladder,
-    which then stands in for the reference: the reference does not run)."""
+    which then stands in for the reference: the reference does not run). A side below
+    float32 is compared three-way: the reference, the noise floor at its precision, the side
+    (NOISE_RULES unless `rules` are given)."""
     from ladder.engine.compare import compare_ladders
+    from ladder.engine.rules import NOISE_RULES, UNIT_EPS
+    from ladder.model.precision import Precision
     yard = model.reference(cap.tokens, cap.prompt_len, cap.window) if yardstick is None \
         else yardstick
+    prec = Precision.parse(precision if precision is not None else
+                           cap.precision if cap.precision is not None else "float32")
+    floor = None
+    if not prec.is_float32:
+        floor = model.floor(cap.tokens, cap.prompt_len, cap.window, prec)
+        rules = NOISE_RULES if rules is None else rules
     cmp = compare_ladders(cap.obtained, yard, _rules(rules), prefix="port", a_label=cap.label,
-                          b_label=yardstick_label or yard.label)
+                          b_label=yardstick_label or yard.label, floor=floor,
+                          unit_eps=UNIT_EPS[prec.activations])
+    cmp.precision, cmp.floor_label = prec, None if floor is None else floor.label
     from ladder.sides.model_input import LadderInputError
     from ladder.sides.side_spec import check_recorded_argmax
     try:                           # a recording's manifest argmax held to its own logits
@@ -253,7 +305,11 @@ def verdict_of(cap: Captured, model: ModelUnderTest, rules=None, locate=True,
         raise JudgeError(str(e)) from None
     loc = None
     if locate and not cmp.passed:
-        if cap.ours and yardstick is None:
+        if floor is not None:               # split at the side's precision (dump_locate.py)
+            from ladder.sides.dump_locate import locate_dump
+            loc = locate_dump(cmp, cap.obtained, yard, model.ref_params, model.cfg, cap.window,
+                              floor=floor, precision=prec)
+        elif cap.ours and yardstick is None:
             from ladder.engine.locate import locate as locate_port
             loc = locate_port(cmp, port=cap.obtained, ref=yard, model=cap.port,
                               window=cap.override)
@@ -312,7 +368,10 @@ class Verdict:
                 "points": len(self.cmp.rows), "failing": len(self.cmp.failures),
                 "worst_fraction": self.worst_fraction if math.isfinite(self.worst_fraction)
                 else "unbounded", "worst_point": w.key if w is not None else None,
-                "first_divergence": None if f is None else f.key, "verdict": own}
+                "first_divergence": None if f is None else f.key, "verdict": own,
+                "precision": None if self.cmp.precision is None else self.cmp.precision.text(),
+                "worst_noise_ratio": None if w is None or math.isnan(w.noise_ratio)
+                else w.noise_ratio}
 
     def save_outputs(self, out_dir, report=True) -> dict:
         """The obtained ladder as a trace archive, and (report) the md/csv/html report."""
@@ -335,6 +394,9 @@ class Verdict:
                 f"{len(self.tokens) - self.prompt_len} steps, window {self.window}: "
                 f"{len(c.rows)} points, {len(c.failures)} failing")
         lines = [head]
+        if c.floor_label:
+            lines.append(f"judged at {c.precision.short()} in noise units against the "
+                         f"{c.floor_label} (docs/precision.md)")
         first = c.first
         if first is not None:
             where = f", layer {first.layer}" if first.layer is not None else ""

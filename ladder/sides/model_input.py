@@ -50,6 +50,8 @@ def build_port(params, cfg, cactfile, args):
     from port.model import V2Model
     weights = args.weights or ("cq" if cactfile is not None else "dense")
     where = f"--weights {weights} --device {args.device}"
+    prec = port_precision(args, weights)
+    prec_arg = None if prec is None else prec.to_json()
     try:
         dev = torch.device(args.device)
     except RuntimeError as e:
@@ -61,7 +63,7 @@ def build_port(params, cfg, cactfile, args):
         if weights == "dense":
             return params, V2Model.from_params(params, cfg, weights="dense",
                                                device=args.device, backend=args.backend,
-                                               decode=args.decode), weights
+                                               decode=args.decode, precision=prec_arg), weights
         if not hasattr(V2Model, "from_cactfile"):
             raise LadderInputError(f"{where}: this port has no V2Model.from_cactfile")
         if cactfile is None:
@@ -69,11 +71,27 @@ def build_port(params, cfg, cactfile, args):
             cactfile = build_cact(params, cfg, args.bits_map)
         ref = {k: v.float() for k, v in cactfile.params.items()}
         return ref, V2Model.from_cactfile(cactfile, weights, args.device, args.backend,
-                                               args.decode), weights
+                                          args.decode, prec_arg), weights
     except LadderInputError:
         raise
     except (ValueError, RuntimeError) as e:
         raise LadderInputError(f"{where}: {e}") from None
+
+
+def port_precision(args, weights: str = "dense"):
+    """--port-precision as a Precision (None when not given); a CQ model's weights are its
+    codes whatever the declaration says of them."""
+    spec = getattr(args, "port_precision", None)
+    if spec is None:
+        return None
+    from ladder.model.precision import Precision, PrecisionError
+    try:
+        prec = Precision.parse(spec, f"--port-precision {spec}")
+    except PrecisionError as e:
+        raise LadderInputError(str(e)) from None
+    if weights == "cq" and prec.weights != "cq":
+        prec = Precision(prec.activations, "cq", prec.kv)
+    return prec
 
 
 def schedule_tokens(args, cfg):

@@ -33,7 +33,7 @@ def prefill_batch_only_engram_row():
     """Every row of a batched chunk adds the chunk's first Engram value row (`ev[:1]`, an
     indexing slip a one-row call cannot show): only `prefill_batch` runs more than one row."""
     return _mutated_method("prefill_batch_only_engram_row", V2Model, "layer",
-                           "bx = u + alpha * ev", "bx = u + alpha * ev[:1]")
+                           "bx = q_(u + alpha * ev)", "bx = q_(u + alpha * ev[:1])")
 
 
 def graph_body_only_rope_sin():

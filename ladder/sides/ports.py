@@ -129,4 +129,13 @@ def capture_protocol(port, cfg, tokens, prompt_len: int, *, check_plain: bool = 
         if hideable:
             note_hidden(ladder, st, cfg, hideable, prefix="")
     check_ladder(ladder, cfg)
+    declared = getattr(port, "precision", None)     # the protocol's optional attribute
+    if declared is not None:
+        from ladder.model.precision import Precision, PrecisionError
+        try:
+            ladder.meta["precision"] = Precision.parse(
+                declared.to_dict() if hasattr(declared, "to_dict") else declared,
+                f"{label}: its precision attribute")
+        except PrecisionError as e:
+            raise PortLoadError(str(e)) from None
     return ladder

@@ -22,20 +22,24 @@ class PortRun:
     ring: int                    # KV slots of the state the port steps on
     window: int                  # its attention window (0: full causal)
     state: str                   # how that state was made
+    precision: str = ""          # below float32: what it computes in (port/precision.py)
 
     def label(self) -> str:
         """Short form for the comparison's first line."""
+        at = f", {self.precision}" if self.precision else ""
         return (f"port ({self.backend}, {self.decode}, {self.weights}, {self.device}, "
-                f"{self.threads})")
+                f"{self.threads}{at})")
 
     def lines(self) -> list:
+        at = f", precision {self.precision}" if self.precision else ""
         return [f"port: backend {self.backend}, decode {self.decode}, weights {self.weights}, "
-                f"device {self.device}, {self.threads}",
+                f"device {self.device}, {self.threads}{at}",
                 f"port state: {self.state}"]
 
     def as_info(self) -> dict:
+        at = f", precision {self.precision}" if self.precision else ""
         return {"port": f"backend {self.backend}, decode {self.decode}, weights "
-                        f"{self.weights}, device {self.device}, {self.threads}",
+                        f"{self.weights}, device {self.device}, {self.threads}{at}",
                 "port state": self.state}
 
 
@@ -59,8 +63,11 @@ def port_state_window(model, override):
 
 def describe_port(model, weights: str, device, override=None) -> PortRun:
     ring, window, how = port_state_window(model, override)
+    p = getattr(model, "precision", None)
+    at = "" if p is None or p.is_float32 else \
+        p.activations + ("" if p.kv == p.activations else f" kv {p.kv}")
     return PortRun(model.backend, model.decode, weights, str(device), thread_count(model),
-                   ring, window, how)
+                   ring, window, how, at)
 
 
 def graph_verdict(model, checked: bool) -> str:

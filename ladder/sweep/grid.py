@@ -50,6 +50,8 @@ KEYS = {
     "rules": ("--rules", (str,), "a rules file (relative to the grid)"),
     "no_check_plain": ("--no-check-plain", (bool,), "true or false"),
     "plant": ("--plant", (str,), "a fault name (run --list-faults) or \"none\""),
+    "port_precision": ("--port-precision", (str,), "a precision, e.g. bfloat16 or "
+                                                   "float32,kv=int8 (docs/precision.md)"),
     "port": ("--port", (str,), "a protocol port's module:factory (ladder/sides/ports.py) or "
                                "\"ours\" (port.V2Model)"),
 }

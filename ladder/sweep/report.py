@@ -249,12 +249,13 @@ def markdown(manifest: dict, rows: list, expected: list) -> str:
                  (f.get("verdict") or "")[:160]]
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in map(str, cells)) + " |")
     out += ["", "## Worst points across the grid", "",
-            "| case | status | step/point | layer | position | error of allowance |",
-            "|---|---|---|---|---|---|"]
+            "| case | status | step/point | layer | position | error of allowance | x floor |",
+            "|---|---|---|---|---|---|---|"]
     for r in _worst_points(rows):
         w = r["worst"]
         out.append(f"| {r['id']} | {r['status']} | {w['step']}/{w['point']} | "
-                   f"{_text(w.get('layer'))} | {w.get('position')} | {_text(w['error'])} |")
+                   f"{_text(w.get('layer'))} | {w.get('position')} | {_text(w['error'])} | "
+                   f"{_text(w.get('noise_ratio'))} |")
     firsts = _first_by_point(rows)
     if firsts:
         out += ["", "## First divergences by point", "", "| first divergence | cases |",

@@ -85,13 +85,12 @@ def _divergence(loc, cmp) -> dict:
 
 def _compared(args, out):
     """compare_run, then locate on a divergence, both inside a planted fault's context."""
-    from ladder.cli.commands import compare_run
-    from ladder.engine.locate import locate
+    from ladder.cli.commands import compare_run, locate_run
     cmp, extra, port, ref, model, window, info = compare_run(args, out)
     loc, why = None, ""
     if not cmp.passed:
         try:
-            loc = locate(cmp, port=port, ref=ref, model=model, window=window)
+            loc = locate_run(args, cmp, port, ref, model, window)
         except Exception as e:              # the row still names the first divergence
             why = f"locate failed: {type(e).__name__}: {e}"
     out("")
@@ -108,7 +107,8 @@ def _compared_port(args, out):
                                  cact=args.cact, weights=args.weights, bits_map=args.bits_map,
                                  max_memory=args.max_memory)
     v = judge(args.port, model, prompt_len=args.prompt_len, steps=args.steps,
-              window=args.window, rules=args.rules, check_plain=not args.no_check_plain)
+              window=args.window, rules=args.rules, check_plain=not args.no_check_plain,
+              precision=getattr(args, "port_precision", None))
     out(v.message())
     info = {"port": v.label, "params sha256": model.src["sha256"][:16]}
     return v.cmp, [], v.location, "", v.obtained, model, info
@@ -161,7 +161,9 @@ def case_row(case, base: str):
                    port=info["port"], params_sha256=info["params sha256"])
         if w is not None:
             row["worst"] = {"step": w.step, "point": w.point, "layer": w.layer,
-                            "position": w.worst_pos, "error": frac(w.error)}
+                            "position": w.worst_pos, "error": frac(w.error),
+                            "noise_ratio": None if math.isnan(w.noise_ratio)
+                            else frac(w.noise_ratio)}
         if not cmp.passed:
             row["first_divergence"] = _divergence(loc, cmp)
         if cmp.logits:
@@ -222,7 +224,7 @@ _FRAC = _is_frac, _NUM
 _POINT = {"step": _opt(*_STR), "point": _opt(*_STR), "layer": _opt(*_INT),
           "position": _opt(*_INT)}
 SUB = {
-    "worst": dict(_POINT, error=_FRAC),
+    "worst": dict(_POINT, error=_FRAC, noise_ratio=_opt(*_FRAC)),   # x floor: three-way
     "first_divergence": dict(_POINT, error=_opt(*_FRAC), kind=_STR, verdict=_STR),
     "logits": {"positions": _INT, "argmax_agree": _INT, "near_ties": _INT,
                "topk_agree": _INT, "max_kl": _opt(lambda v: _is_frac(v) and v != "unbounded",
