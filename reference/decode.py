@@ -16,7 +16,7 @@ import math
 import torch
 
 from .config import V2Config
-from .ops import (apply_rope, engram_indices, hadamard_mlp, mhc_lane_offsets, rms_unit,
+from .ops import (apply_rope, engram_indices, hadamard_mlp, matmul, mhc_lane_offsets, rms_unit,
                   rope_tables, shift_right, sinkhorn, zcrms)
 from .params import BLOCK
 
@@ -61,9 +61,9 @@ def attention_cached(h, lp, k_cache_l, v_cache_l, pos, cos_s, sin_s, cfg, kv_win
     (through `kv_store(values)` when the cache holds a narrower format: reference/precision.py)."""
     B, S, _ = h.shape
     H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    q = (h @ lp["q"]).reshape(B, S, H, hd).transpose(1, 2)        # [B, H, S, hd]
-    k = (h @ lp["k"]).reshape(B, S, KV, hd).transpose(1, 2)       # [B, KV, S, hd]
-    v = (h @ lp["v"]).reshape(B, S, KV, hd).transpose(1, 2)
+    q = matmul(h, lp["q"]).reshape(B, S, H, hd).transpose(1, 2)        # [B, H, S, hd]
+    k = matmul(h, lp["k"]).reshape(B, S, KV, hd).transpose(1, 2)       # [B, KV, S, hd]
+    v = matmul(h, lp["v"]).reshape(B, S, KV, hd).transpose(1, 2)
     q = apply_rope(zcrms(q, lp["qn"]), cos_s, sin_s)
     k = apply_rope(zcrms(k, lp["kn"]), cos_s, sin_s)
     _emit(trace, "q", layer, q)
@@ -88,10 +88,10 @@ def attention_cached(h, lp, k_cache_l, v_cache_l, pos, cos_s, sin_s, cfg, kv_win
     w = torch.softmax(scores, dim=-1)
     o = torch.einsum("bgrsl,bgld->bgrsd", w, v_cache_l)
     o = o.reshape(B, H, S, hd).transpose(1, 2).reshape(B, S, cfg.attn_dim_eff)
-    gate = torch.sigmoid(h @ lp["gate"])
+    gate = torch.sigmoid(matmul(h, lp["gate"]))
     _emit(trace, "attn", layer, o)
     _emit(trace, "gate", layer, gate)
-    return (o * gate) @ lp["o"]
+    return matmul(o * gate, lp["o"])
 
 
 def block_cached(bx, lp, k_cache_l, v_cache_l, pos, cos_s, sin_s, cfg, kv_window, key_valid,
@@ -134,8 +134,8 @@ def engram_kv(params, cfg, hist, hist_valid, pos, S):
     for s in range(cfg.num_sites):
         tables = params[f"engrams_{s}/embedding"]
         e = (tables[table_ids, idx] * ngram_ok[..., None]).reshape(B, W + S, -1)
-        k = e @ params[f"engrams_{s}/key_proj/kernel"]
-        vraw = e @ params[f"engrams_{s}/value_proj/kernel"]
+        k = matmul(e, params[f"engrams_{s}/key_proj/kernel"])
+        vraw = matmul(e, params[f"engrams_{s}/value_proj/kernel"])
         taps = params[f"engrams_{s}/taps"]
         v = 0
         for j in range(cfg.engram_taps):
@@ -201,7 +201,7 @@ def layer_cached(params, cfg: V2Config, i: int, x, engram, k_cache_l, v_cache_l,
     st = "stack/mhc_"
     nx = rms_unit(x.reshape(B, S, n * C))                          # one rms over all lanes
     _emit(trace, "nx", i, nx)
-    hpre = torch.sigmoid(params[st + "a_pre"][i] * (nx @ params[st + "phi_pre"][i])
+    hpre = torch.sigmoid(params[st + "a_pre"][i] * matmul(nx, params[st + "phi_pre"][i])
                          + params[st + "b_pre"][i] + offsets[0])
     _emit(trace, "hpre", i, hpre)
     u = torch.einsum("btn,btnc->btc", hpre, x)
@@ -219,10 +219,10 @@ def layer_cached(params, cfg: V2Config, i: int, x, engram, k_cache_l, v_cache_l,
     _emit(trace, "block_out", i, out)
     y = out - u                                                    # minus u, not bx
     _emit(trace, "y", i, y)
-    hpost = 2 * torch.sigmoid(params[st + "a_post"][i] * (nx @ params[st + "phi_post"][i])
+    hpost = 2 * torch.sigmoid(params[st + "a_post"][i] * matmul(nx, params[st + "phi_post"][i])
                               + params[st + "b_post"][i] + offsets[1])
     _emit(trace, "hpost", i, hpost)
-    res = params[st + "a_res"][i] * (nx @ params[st + "phi_res"][i]).reshape(B, S, n, n) \
+    res = params[st + "a_res"][i] * matmul(nx, params[st + "phi_res"][i]).reshape(B, S, n, n) \
         + params[st + "b_res"][i]
     _emit(trace, "res_logits", i, res)
     hres = sinkhorn(res)
@@ -282,7 +282,7 @@ def forward_cached(params, cfg: V2Config, tokens, k_cache, v_cache, pos, *, kv_w
     _emit(trace, "lane_mean", None, m)
     f = zcrms(m, params["stack/final_norm/scale"])
     _emit(trace, "final_norm", None, f)
-    logits = f @ emb.T
+    logits = matmul(f, emb.T)
     _emit(trace, "logits", None, logits)
     return logits, k_cache, v_cache
 

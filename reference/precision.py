@@ -9,9 +9,9 @@ Where this run rounds (docs/precision.md):
 
 - weights: once, to their declared storage dtype, then held in the activation dtype;
 - activations: every torch op of reference/decode.py runs in the activation dtype, so each
-  op's inputs and its output are values of that dtype (on the CPU, torch computes a bfloat16 or
-  float16 matmul, reduction or softmax in float32 internally and rounds the result once: the
-  arithmetic of a GPU kernel that loads 16-bit values, accumulates in float32 and stores 16 bits);
+  op's inputs and its output are values of that dtype (a reduction or softmax torch computes in
+  float32 and rounds once; a product, reference/ops.py `matmul`, multiplies in float32 and rounds
+  once: the arithmetic of a kernel that loads 16-bit values, accumulates in float32, stores 16);
 - RoPE tables: built in float32 and rounded once (reference/ops.py);
 - the KV cache: on write, to the KV format (the activation dtype, or a named int8 scheme).
 

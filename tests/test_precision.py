@@ -315,3 +315,30 @@ def test_run_at_a_precision_prints_the_floor_and_passes(capsys):
 def test_run_refuses_a_precision_it_cannot_judge(argv, needle, capsys):
     assert main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_the_report_draws_the_port_over_the_floor(tmp_path, bf16_verdict):
+    from ladder.engine.report import write_report
+    paths = write_report(bf16_verdict.cmp, tmp_path, None, {}, plot_backend="svg")
+    html = open(paths["html"]).read()
+    assert "The port&#x27;s error over the noise floor&#x27;s" in html or \
+        "The port's error over the noise floor's" in html
+    plain = judge(ModelUnderTest.build(preset="tiny", seed=0).our_port(), bf16_verdict.model,
+                  **SCHEDULE)
+    html32 = open(write_report(plain.cmp, tmp_path / "f32", None, {},
+                               plot_backend="svg")["html"]).read()
+    assert "noise floor" not in html32
+
+
+def test_the_floors_products_round_once_from_float32():
+    from reference.ops import matmul
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(3, 64, generator=g).to(torch.bfloat16)
+    b = torch.randn(64, 5, generator=g).to(torch.bfloat16)
+    got = matmul(a, b)
+    exact = a.double() @ b.double()
+    assert got.dtype == torch.bfloat16
+    # one rounding of a float32-accumulated product: within one bf16 ulp of the exact value
+    assert bool(((got.double() - exact).abs() <= 2.0 ** -8 * exact.abs() + 1e-6).all())
+    a32, b32 = a.float(), b.float()
+    assert torch.equal(matmul(a32, b32), a32 @ b32)                 # float32: a @ b itself
