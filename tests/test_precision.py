@@ -342,3 +342,32 @@ def test_the_floors_products_round_once_from_float32():
     assert bool(((got.double() - exact).abs() <= 2.0 ** -8 * exact.abs() + 1e-6).all())
     a32, b32 = a.float(), b.float()
     assert torch.equal(matmul(a32, b32), a32 @ b32)                 # float32: a @ b itself
+
+
+def test_a_name_map_declares_its_files_precision(tmp_path, bf16_verdict, capsys):
+    from safetensors.torch import save_file
+    from ladder.formats.namemap import NameMapError, from_dict
+    from ladder.model.points import LAYER, POINTS
+    lad = bf16_verdict.obtained
+    tensors = {f"mine/{k}": v.contiguous() for k, v in lad.values.items()}
+    tensors["mine/tokens"] = torch.tensor(lad.tokens)
+    path = tmp_path / "foreign.safetensors"
+    save_file(tensors, str(path))
+    whole = sorted({k.split("/", 1)[1] for k in lad.values if "." not in k.split("/", 1)[1]})
+    per_layer = [p.name for p in POINTS if p.scope == LAYER]
+
+    def write(precision):
+        toml = tmp_path / f"m{len(precision)}.toml"
+        toml.write_text(f'[map]\nname = "mine"\nprefix = "mine/"\ntokens = "mine/tokens"\n'
+                        f'precision = "{precision}"\n[steps]\nprefill = "prefill"\n'
+                        f'decode = "decode{{i:02d}}"\n'
+                        f'[[points]]\ntheirs = "{{name}}"\nours = "{{name}}"\n'
+                        f'names = {json.dumps(whole)}\n'
+                        f'[[points]]\ntheirs = "L{{layer}}.{{name}}"\n'
+                        f'ours = "L{{layer}}.{{name}}"\nnames = {json.dumps(per_layer)}\n')
+        return str(toml)
+    assert main(["compare", str(path), "reference", "--map", write("bfloat16")]) == 0
+    assert "noise floor: the reference re-run at bfloat16" in capsys.readouterr().out
+    assert main(["compare", str(path), "reference", "--map", write("float32")]) == 1
+    with pytest.raises(NameMapError, match=r"\[map\] precision: activations='bf15'"):
+        from_dict({"map": {"name": "x", "precision": "bf15"}})

@@ -65,6 +65,8 @@ def read_mapped(path, nm, max_memory=None) -> Ladder:
     lad = Ladder(steps, values, f"{nm.name} {os.path.basename(where)}", hidden, nm.captured,
                  {"format": nm.name, "producer": {"name": nm.name}})
     lad.meta["not_emitted_map"] = nm
+    if nm.precision is not None:
+        lad.meta["precision"] = nm.precision
     return lad
 
 

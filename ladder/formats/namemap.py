@@ -9,6 +9,8 @@ A small TOML file (the shipped ones: ladder/formats/maps/needle-rs.toml, ladder/
     batch_row = -1             # >= 0: values carry a batch axis first; keep this row
     reshape = "registry"       # flat <-> shaped: reshape to the registry's shape when the
                                # element counts agree ("none": shapes must already agree)
+    precision = "float32"      # what they compute in (docs/precision.md); below float32 the
+                               # files are judged against a noise floor
     [steps]
     prefill = "prefill"        # their name of the prompt step
     decode = "decode{i}"       # their name of decode step i (0-based): "decode{i:02d}" pads
@@ -73,6 +75,7 @@ class NameMap:
     ignored: list = field(default_factory=list)        # (patterns, why)
     not_emitted: list = field(default_factory=list)    # (patterns, why)
     source: str = ""
+    precision: object = None        # ladder.model.precision.Precision, when the map declares one
 
     def step_of(self, theirs: str):
         """("prefill", None) or ("decode", i) for their step name; None if it is neither."""
@@ -163,7 +166,7 @@ def from_dict(data: dict, source: str = "<dict>") -> NameMap:
     head, steps = data["map"], data.get("steps", {})
     for key in head:
         if key not in ("name", "captured", "prefix", "batch_row", "reshape", "describes",
-                       "tokens"):
+                       "tokens", "precision"):
             raise NameMapError(f"{source}: [map] has unknown field {key!r}")
     nm = NameMap(name=_str(head, "name", f"{source}: [map]"), source=source)
     nm.captured = _str(head, "captured", f"{source}: [map]", "all")
@@ -171,6 +174,12 @@ def from_dict(data: dict, source: str = "<dict>") -> NameMap:
         raise NameMapError(f"{source}: [map] captured={nm.captured!r}; one of 'all', 'last'")
     nm.prefix = _str(head, "prefix", f"{source}: [map]", "")
     nm.tokens = _str(head, "tokens", f"{source}: [map]", "tokens")
+    if "precision" in head:
+        from ladder.model.precision import Precision, PrecisionError
+        try:
+            nm.precision = Precision.parse(head["precision"], f"{source}: [map] precision")
+        except PrecisionError as e:
+            raise NameMapError(str(e)) from None
     row = head.get("batch_row", -1)
     if isinstance(row, bool) or not isinstance(row, int) or not -1 <= row < 1 << 16:
         raise NameMapError(f"{source}: [map] batch_row={row!r} must be an integer in -1..65535")
