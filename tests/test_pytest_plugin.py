@@ -384,3 +384,15 @@ def test_two_writers_of_one_archive_never_share_a_temporary_file(tmp_path, monke
     save_trace(cap, model, target)
     assert len(set(seen)) == 2 and str(target) + ".tmp" not in seen
     assert sorted(os.listdir(tmp_path)) == ["g.safetensors"]
+
+
+def test_ladder_precision_runs_our_port_at_it_and_judges_against_a_noise_floor(inner):
+    inner.makepyfile(test_low=f'''
+def test_low(ladder_check):
+    v = ladder_check({SHORT})
+    assert v.cmp.floor_label.startswith("noise floor (reference at bfloat16")
+    assert v.summary()["precision"] == "act=bfloat16,weights=bfloat16,kv=int8"
+''')
+    res = inner.runpytest("--ladder-precision", "bf16,kv=int8")
+    res.assert_outcomes(passed=1)
+    assert "1 case judged at a precision against a noise floor: worst" in res.stdout.str()

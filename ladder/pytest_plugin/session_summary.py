@@ -22,6 +22,12 @@ def summary_lines(checks: list) -> list:
         text = frac if isinstance(frac, str) else f"{frac:.3g}"
         out.append(f"worst fraction of allowance: {text} at {w['worst_point']} ({w['test']}"
                    + (f", fixture {w['name']}" if w["name"] else "") + ")")
+    low = [c for c in judged if c.get("precision") and c.get("worst_noise_ratio") is not None]
+    if low:                # checks judged against a noise floor (docs/precision.md)
+        w = max(low, key=lambda c: c["worst_noise_ratio"])
+        out.append(f"{len(low)} case{'s' * (len(low) != 1)} judged at a precision against a "
+                   f"noise floor: worst {w['worst_noise_ratio']:.3g}x floor at "
+                   f"{w['worst_point']} ({w['precision']}; {w['test']})")
     for c in failing:
         what = f"fixture {c['name']}" if c["kind"] == "fixture" else c["label"]
         verdict = " (own error, or inherited from an unrecorded input)" \
