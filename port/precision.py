@@ -91,7 +91,9 @@ class PortPrecision:
 
     @property
     def is_float32(self) -> bool:
-        return self.activations == "float32" and self.kv == "float32"
+        """Nothing rounded anywhere (CQ codes are the weights as given)."""
+        return self.activations == "float32" and self.kv == "float32" \
+            and self.weights in ("float32", "cq")
 
     def round_weights(self, params: dict) -> dict:
         """Dense parameters as stored at `weights` (every floating tensor rounded once)."""

@@ -91,7 +91,10 @@ def test_the_int8_scheme_is_written_twice_and_agrees_bit_for_bit():
 
 # ------------------------------------------------------------------ our port at precision
 def test_the_port_at_float32_is_the_port_bit_for_bit(model):
+    from port.precision import _identity
     a, b = model.our_port(), model.our_port(precision="float32")
+    assert a.rnd is _identity and a.kv_store is _identity         # nothing rounds anywhere
+    assert not PortPrecision("float32", weights="bfloat16").is_float32
     sa, sb = a.make_state(), b.make_state()
     for t in model.tokens(12):
         assert torch.equal(a.step(t, sa), b.step(t, sb))
@@ -113,6 +116,7 @@ def test_an_int8_kv_ring_holds_code_times_scale(model):
         port.step(t, state)
     k = state.k[:, :, :5]                                   # [L, KV, pos, hd]
     scale = k.abs().amax(-1, keepdim=True) / 127
+    assert bool((scale > 0).all())                           # no all-zero key rows here
     code = k / scale
     assert torch.allclose(code, code.round(), atol=1e-4, rtol=0)   # float32 division only
 
@@ -371,3 +375,42 @@ def test_a_name_map_declares_its_files_precision(tmp_path, bf16_verdict, capsys)
     assert main(["compare", str(path), "reference", "--map", write("float32")]) == 1
     with pytest.raises(NameMapError, match=r"\[map\] precision: activations='bf15'"):
         from_dict({"map": {"name": "x", "precision": "bf15"}})
+
+
+def _hand_ladder(rows: dict, label: str) -> Ladder:
+    from ladder.engine.steps import schedule
+    steps = schedule([1, 2, 3], 1)                           # prefill, decode00, decode01
+    return Ladder(steps, {f"{s.name}/p": torch.full((1, 4), rows[s.name]) for s in steps},
+                  label)
+
+
+@pytest.mark.parametrize("keep", ["all", "summary"])
+def test_the_noise_unit_carries_the_floors_drift_across_steps(keep):
+    from ladder.engine.rule import RuleSet
+    ref = _hand_ladder({"prefill": 1.0, "decode00": 1.0, "decode01": 1.0}, "ref")
+    floor = _hand_ladder({"prefill": 1.0, "decode00": 1.1, "decode01": 1.0}, "floor")
+    port = _hand_ladder({"prefill": 1.0, "decode00": 1.0, "decode01": 1.3}, "port")
+    rules = RuleSet(rules={"*": Rule(0.0, noise=4.0)})
+    cmp = compare_ladders(port, ref, rules, floor=floor, keep=keep)
+    # decode01's own floor error is 0, but the floor drifted 0.1 at decode00: 0.3 <= 4 x 0.1
+    assert cmp.passed
+    last = [r for r in cmp.rows if r.step == "decode01"]
+    if last:
+        assert last[0].units == pytest.approx((0.1,)) and last[0].noise_ratio == pytest.approx(3)
+    worse = _hand_ladder({"prefill": 1.0, "decode00": 1.0, "decode01": 1.5}, "port")
+    assert not compare_ladders(worse, ref, rules, floor=floor, keep=keep).passed
+
+
+def test_compare_refuses_a_low_precision_yardstick_and_a_reference_candidate(
+        tmp_path, bf16_verdict, model, capsys):
+    a = _outside_archive(tmp_path / "a.safetensors", bf16_verdict, "bfloat16", model.ref_sha256)
+    assert main(["compare", a, a]) == 2
+    assert "a float32 yardstick" in capsys.readouterr().err
+    assert main(["compare", "reference", "torch", "--port-precision", "bf16"]) == 2
+    assert "here it is the reference" in capsys.readouterr().err
+
+
+def test_rules_noise_prints_the_noise_rules(capsys):
+    assert main(["rules", "--noise"]) == 0
+    text = capsys.readouterr().out
+    assert "noise = 4" in text and "never below the float32 port bound" in text

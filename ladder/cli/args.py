@@ -131,6 +131,9 @@ def _port_precision(args) -> None:
     if getattr(args, "model", "needle_v2") != "needle_v2":
         _fail(f"--port-precision {spec}: judges needle v2 sides; --model {args.model} has its "
               f"own bf16 rules")
+    if args.cmd == "compare" and getattr(args, "a", None) == "reference":
+        _fail(f"--port-precision {spec}: declares the candidate's precision (the first side); "
+              f"here it is the reference, which is float32")
     ours = not (getattr(args, "port", None) or getattr(args, "dump", None)) and (
         args.cmd not in ("compare", "dump") or "torch" in (getattr(args, "a", None),
                                                            getattr(args, "b", None),

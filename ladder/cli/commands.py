@@ -260,6 +260,9 @@ def cmd_rules(args, out=print) -> int:
     elif args.model == "attn_v41":
         from ladder.engine.rules import V41_RULESET
         rs = V41_RULESET
+    elif getattr(args, "noise", False):
+        from ladder.engine.rules import NOISE_RULES
+        rs = NOISE_RULES
     else:
         rs = DEFAULT_RULES
     out(dump_rules(rs, args.format).rstrip("\n"))

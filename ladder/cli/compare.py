@@ -129,6 +129,15 @@ def cmd_compare(args, out=print) -> int:
     # comparison's memory stays one step of each side (README "Bring your own port").
     keep = "all" if args.per_step or args.report else "summary"
     floor, prec = None, _precision(args, a)
+    declared_b = b.meta.get("precision")
+    if prec is not None and declared_b is not None and not declared_b.is_float32:
+        raise _err(f"compare: the yardstick {labels[1]} declares {declared_b.short()}; a "
+                   f"candidate at {prec.short()} is judged against a float32 yardstick (the "
+                   f"reference, or a recording of it)")
+    if prec is not None and getattr(args, "port_precision", None) and \
+            a.meta.get("precision") not in (None, prec):
+        out(f"precision: --port-precision {prec.text()} overrides what {labels[0]} declares "
+            f"({a.meta['precision'].text()})")
     if prec is not None:
         from ladder.sides.noise_floor import capture_floor
         if not args.rules:

@@ -237,6 +237,9 @@ def build_parser(more=()) -> argparse.ArgumentParser:
                    help="the file format printed")
     p.add_argument("--model", default="needle_v2", choices=["needle_v2", "attn_v41"],
                    help="whose default rules to print (attn_v41: V41_RULES)")
+    p.add_argument("--noise", action="store_true",
+                   help="print NOISE_RULES, the defaults for a side that declares a precision "
+                        "below float32 (docs/precision.md)")
     from ladder.cli.points import add_parser as add_points_parser
     add_points_parser(sub)
     for add in more:

@@ -55,6 +55,7 @@ class PointResult:
     # largest ratio of the candidate's max|a-b| to the noise unit over the step's positions
     floor_abs: float = math.nan
     noise_ratio: float = math.nan
+    units: tuple = ()          # the noise unit at each position (noise_units), three-way only
 
     def error_at(self, pos: int) -> float:
         """The rule error at absolute position `pos` (the step's worst when not recorded)."""
@@ -137,8 +138,12 @@ def compare_point(step: str, point: str, a, b, pattern: str, rule: Rule, rel_flo
     ratios = rule.position_ratios(a, b, units)
     errs = rule.position_errors(a, b, ratios)
     floor_abs = noise_ratio = math.nan
+    notes = []
     if floor is not None:
         unit = units
+        if not bool(torch.isfinite(floor).all()):
+            notes.append("the noise floor overflowed here (NaN/Inf): its unit counts its "
+                         "finite values only")
         d = by_position((a.double() - b.double()).abs())
         port = d.amax(1) if d.shape[1] else d.new_zeros(d.shape[0])
         fd = by_position((floor.double() - b.double()).abs())
@@ -146,6 +151,8 @@ def compare_point(step: str, point: str, a, b, pattern: str, rule: Rule, rel_flo
         r = torch.where(unit > 0, port / unit.clamp_min(1e-300),
                         torch.where(port == 0, 0.0, math.inf))
         noise_ratio = float(r.max()) if r.numel() else 0.0
+        if math.isnan(noise_ratio) or nonfinite_a(a):
+            noise_ratio = math.inf                  # a NaN/Inf capture: unbounded
     bad = int((ratios > 1).sum())
     worst = max(range(len(errs)), key=lambda j: errs[j]) if errs else 0
     first_bad = next((j for j, e in enumerate(errs) if not e <= 1.0), None)
@@ -158,8 +165,13 @@ def compare_point(step: str, point: str, a, b, pattern: str, rule: Rule, rel_flo
                        None if first_bad is None else pos0 + first_bad,
                        "; ".join(([f"compared as float32 ({', '.join(half)}; ulp in "
                                    f"float32 units)"] if half else []) +
-                                 (["NaN/Inf in a capture"] if nonfinite else [])),
-                       pos0, tuple(errs), floor_abs, noise_ratio)
+                                 (["NaN/Inf in a capture"] if nonfinite else []) + notes),
+                       pos0, tuple(errs), floor_abs, noise_ratio,
+                       () if units is None else tuple(units.tolist()))
+
+
+def nonfinite_a(a) -> bool:
+    return a.is_floating_point() and not bool(torch.isfinite(a).all())
 
 
 def _missing(step, point, shape, pattern, rule, note) -> PointResult:
@@ -386,10 +398,10 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
                                    f"candidate's precision, or use absolute rules)")
             units = None
             if fv is not None:              # the floor's running drift at this point
-                units = noise_units(fv, b[key], unit_eps, seen.get(point, 0.0))
-                if units.numel():
-                    seen[point] = max(seen.get(point, 0.0), float(
-                        noise_units(fv, b[key], 0.0, seen.get(point, 0.0))[-1]))
+                drift = noise_units(fv, b[key], 0.0, seen.get(point, 0.0))
+                if drift.numel():
+                    seen[point] = float(drift[-1])
+                units = torch.maximum(drift, noise_units(fv, b[key], unit_eps))
             row = compare_point(st.name, point, a[key], b[key], pattern, rule, rs.rel_floor,
                                 pos0, fv, units)
             if point == TAIL[-1] and a[key].shape == b[key].shape:

@@ -56,8 +56,8 @@ def _table_html(df: pd.DataFrame, cols) -> str:
 
 def _rules_frame(cmp: Comparison) -> pd.DataFrame:
     used = {r.pattern for r in cmp.rows}
-    return pd.DataFrame([dict(pattern=p, rtol=r.rtol, atol=r.atol, scale=r.scale, stat=r.stat,
-                              used="yes" if p in used else "", why=r.why)
+    return pd.DataFrame([dict(pattern=p, rtol=r.rtol, atol=r.atol, noise=r.noise, scale=r.scale,
+                              stat=r.stat, used="yes" if p in used else "", why=r.why)
                          for p, r in cmp.rules.rules.items()])
 
 
@@ -104,8 +104,8 @@ def html(cmp: Comparison, loc=None, info: dict | None = None, plot_backend="auto
         f'<p class="legend">{escape(GROWTH_LEGEND)}</p>',
         "<h2>Logits</h2>", _table_html(_logits_frame(cmp), list(_logits_frame(cmp).columns))
         if cmp.logits else "<p>no logits point</p>",
-        "<h2>Rules</h2>", _table_html(_rules_frame(cmp), ["pattern", "rtol", "atol", "scale",
-                                                          "stat", "used", "why"]),
+        "<h2>Rules</h2>", _table_html(_rules_frame(cmp), ["pattern", "rtol", "atol", "noise",
+                                                          "scale", "stat", "used", "why"]),
         f"<p>rules from {escape(cmp.rules.source)}; relative error floor "
         f"{cmp.rules.rel_floor:g}·max|ref|; top-{cmp.rules.logits.topk}, near ties within "
         f"{cmp.rules.logits.tie_factor:g} allowances.</p>",

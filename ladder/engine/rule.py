@@ -74,10 +74,10 @@ class Rule:
         _finite_nonneg("Rule", "atol", self.atol)
         _finite_nonneg("Rule", "floor", self.floor)
         _finite_nonneg("Rule", "noise", self.noise)
-        if self.exact and self.noise:
-            raise RulesError(f"Rule: an exact rule allows nothing; noise={self.noise} must be 0")
         if not isinstance(self.exact, bool):
             raise RulesError(f"Rule: field exact={self.exact!r} must be true or false")
+        if self.exact and self.noise:
+            raise RulesError(f"Rule: an exact rule allows nothing; noise={self.noise} must be 0")
         if self.exact and (self.rtol or self.atol):
             raise RulesError(f"Rule: an exact rule allows nothing; rtol={self.rtol} and "
                              f"atol={self.atol} must be 0")

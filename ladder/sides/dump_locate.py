@@ -79,12 +79,13 @@ def rerun_reference_layer(params, cfg, layer: int, pos: int, dump, ref, window: 
     return got, used, lacking
 
 
-def _err(rules, prefix, point, a, b, floor=None, unit_eps=0.0) -> float:
+def _err(rules, prefix, point, a, b, floor=None, unit_eps=0.0, prior=0.0) -> float:
     """The rule error of `a` against `b` at one position; a noise-unit rule counts it in units
-    of |floor - b| there (one position: no running maximum, docs/precision.md)."""
+    of |floor - b| there, never below `prior` (the chained comparison's noise unit at the
+    position: its running maximum, docs/precision.md)."""
     from ladder.engine.rule import noise_units
     pattern = rules.pattern_for(f"{prefix}/{point}")
-    units = None if floor is None else noise_units(floor[None], b[None], unit_eps)
+    units = None if floor is None else noise_units(floor[None], b[None], unit_eps, prior)
     return float(rules.rules[pattern].position_errors(a[None].to(b.dtype), b[None],
                                                       units=units)[0])
 
@@ -165,14 +166,25 @@ def locate_dump(cmp: Comparison, dump, ref, params, cfg, window: int, floor=None
     def floor_at(point):             # the chained noise floor's value (None: float32 side)
         return None if low is None or not low.floor.has_at(point, pos) \
             else low.floor.at(point, pos)
+
+    def chained(point):              # (the comparison's row error, its noise unit) at pos
+        try:
+            row = cmp.row(first.step, point)
+        except KeyError:
+            return None, 0.0
+        j = pos - row.pos0
+        return row.error_at(pos), (row.units[j] if 0 <= j < len(row.units) else 0.0)
     eps = 0.0 if low is None else low.unit_eps
     for point, val in got.items():
         if not dump.has_at(point, pos):
             continue
         mine = dump.at(point, pos)
-        pe = _err(rules, cmp.prefix, point, mine, ref.at(point, pos), floor_at(point), eps)
-        # port vs reference on port inputs (at the port's precision: in local noise units)
-        le = _err(rules, cmp.prefix, point, mine, val, got_low.get(point), eps)
+        row_err, unit = chained(point) if low is not None else (None, 0.0)
+        pe = row_err if row_err is not None else _err(
+            rules, cmp.prefix, point, mine, ref.at(point, pos), floor_at(point), eps)
+        # port vs reference on port inputs (at the port's precision: in local noise units,
+        # never finer than the chained comparison's at this point)
+        le = _err(rules, cmp.prefix, point, mine, val, got_low.get(point), eps, unit)
         loc.injection.append(Injected(point, rules.pattern_for(f"{cmp.prefix}/{point}"), pe, le))
     stood_in_layers = []
     for i in range(cfg.num_layers):          # every layer's output, split the same way
@@ -186,10 +198,12 @@ def locate_dump(cmp: Comparison, dump, ref, params, cfg, window: int, floor=None
             val, lack_i = run_i[0][x], run_i[2]
             val_low = None if low is None else low.rerun(cfg, i, pos, dump, ref, window)[x]
         mine = dump.at(x, pos)
+        row_err, unit = chained(x) if low is not None else (None, 0.0)
         loc.layers.append(Injected(x, rules.pattern_for(f"{cmp.prefix}/{x}"),
+                                   row_err if row_err is not None else
                                    _err(rules, cmp.prefix, x, mine, ref.at(x, pos),
                                         floor_at(x), eps),
-                                   _err(rules, cmp.prefix, x, mine, val, val_low, eps)))
+                                   _err(rules, cmp.prefix, x, mine, val, val_low, eps, unit)))
         if lack_i:
             stood_in_layers.append(f"L{i:02d}")
     loc.layers_title = (f"every layer's output x at position {pos} (local: the reference's "
