@@ -15,6 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
 
 #include "native.h"
 #include "captures.h"
@@ -135,6 +138,39 @@ int64_t nat_struct_size(int64_t which)
          : which == 2 ? (int64_t)sizeof(CqMat) : -1;
 }
 
+/* o[t] += e_p * v_p[t] over the present keys p = lo..pos in order (e[p - lo] < 0: skipped).
+   Each o[t] is its own chain of a product then a sum (no fusing), so keeping 32 of them in
+   registers across the keys, rather than in memory, changes no bit. */
+static void weigh_values(const float *e, int64_t lo, int64_t pos, const float *vb, int64_t R,
+                         int64_t hd, float *o)
+{
+    int64_t t0 = 0;
+#ifdef __AVX__
+    for (; t0 + 32 <= hd; t0 += 32) {
+        __m256 a0 = _mm256_loadu_ps(o + t0), a1 = _mm256_loadu_ps(o + t0 + 8),
+               a2 = _mm256_loadu_ps(o + t0 + 16), a3 = _mm256_loadu_ps(o + t0 + 24);
+        for (int64_t p = lo; p <= pos; p++) {
+            float w = e[p - lo];
+            if (w < 0.0f) continue;
+            const float *vr = vb + (p % R) * hd + t0;
+            __m256 ew = _mm256_set1_ps(w);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(ew, _mm256_loadu_ps(vr)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(ew, _mm256_loadu_ps(vr + 8)));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(ew, _mm256_loadu_ps(vr + 16)));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(ew, _mm256_loadu_ps(vr + 24)));
+        }
+        _mm256_storeu_ps(o + t0, a0); _mm256_storeu_ps(o + t0 + 8, a1);
+        _mm256_storeu_ps(o + t0 + 16, a2); _mm256_storeu_ps(o + t0 + 24, a3);
+    }
+#endif
+    for (int64_t p = lo; p <= pos; p++) {
+        float w = e[p - lo];
+        if (w < 0.0f) continue;
+        const float *vr = vb + (p % R) * hd;
+        for (int64_t t = t0; t < hd; t++) o[t] += w * vr[t];
+    }
+}
+
 /* Attention of one row at position `pos`: norms and RoPE, the ring write, then softmax over
    the window in position order (oldest first), skipping keys marked absent. */
 static void attend_row(const NModel *M, NState *S, int64_t i, int64_t pos, uint8_t valid,
@@ -167,7 +203,23 @@ static void attend_row(const NModel *M, NState *S, int64_t i, int64_t pos, uint8
         const float *kb = S->k + (size_t)((i * KV + g) * R) * hd;
         const float *vb = S->v + (size_t)((i * KV + g) * R) * hd;
         float mx = -INFINITY, l = 0.0f, *o = s->o + hh * hd;
-        for (int64_t p = lo; p <= pos; p++) {
+        int64_t p = lo;
+        for (; p + 4 <= pos + 1; p += 4) {       /* 4 keys a call: the same bits per key */
+            const float *kp[4];
+            float d4[4];
+            for (int j = 0; j < 4; j++) kp[j] = kb + ((p + j) % R) * hd;
+            nat_dot_head4(s->q + hh * hd, kp, hd, d4);
+            for (int j = 0; j < 4; j++) {
+#ifdef NEEDLE_FAULT_PAD_KEYS_ATTENDED
+                float sc = d4[j] * M->attn_scale;
+#else
+                float sc = S->key_ok[(p + j) % R] ? d4[j] * M->attn_scale : -INFINITY;
+#endif
+                s->scores[p + j - lo] = sc;
+                mx = sc > mx ? sc : mx;
+            }
+        }
+        for (; p <= pos; p++) {
             int64_t sl = p % R;
 #ifdef NEEDLE_FAULT_PAD_KEYS_ATTENDED
             float sc = 1
@@ -181,14 +233,17 @@ static void attend_row(const NModel *M, NState *S, int64_t i, int64_t pos, uint8
         }
         memset(o, 0, (size_t)hd * sizeof(float));
         if (mx == -INFINITY) continue;          /* nothing to attend to: zeros, never NaN */
-        for (int64_t p = lo; p <= pos; p++) {
+        for (int64_t p = lo; p <= pos; p++) {   /* weights first; -1 marks a skipped key */
             float sc = s->scores[p - lo];
-            if (sc == -INFINITY) continue;
+            if (sc == -INFINITY) {
+                s->scores[p - lo] = -1.0f;          /* expf is never negative (NaN passes) */
+                continue;
+            }
             float e = expf(sc - mx);
-            const float *vr = vb + (p % R) * hd;
             l += e;
-            for (int64_t t = 0; t < hd; t++) o[t] += e * vr[t];
+            s->scores[p - lo] = e;
         }
+        weigh_values(s->scores, lo, pos, vb, R, hd, o);
         for (int64_t t = 0; t < hd; t++) o[t] /= l;
     }
     const float *graw = qkvg + attn + 2 * kvd;
