@@ -139,35 +139,44 @@ int64_t nat_struct_size(int64_t which)
 }
 
 /* o[t] += e_p * v_p[t] over the present keys p = lo..pos in order (e[p - lo] < 0: skipped).
-   Each o[t] is its own chain of a product then a sum (no fusing), so keeping 32 of them in
-   registers across the keys, rather than in memory, changes no bit. */
+   Each o[t] is its own chain of a product then a sum (no fusing), so keeping 32 or 64 of them
+   in registers across the keys, rather than in memory, changes no bit. The ring slot steps
+   instead of p % R (an integer division per key was a large part of the step). */
 static void weigh_values(const float *e, int64_t lo, int64_t pos, const float *vb, int64_t R,
                          int64_t hd, float *o)
 {
-    int64_t t0 = 0;
+    int64_t t0 = 0, n = pos - lo + 1, sl0 = lo % R;
 #ifdef __AVX__
-    for (; t0 + 32 <= hd; t0 += 32) {
-        __m256 a0 = _mm256_loadu_ps(o + t0), a1 = _mm256_loadu_ps(o + t0 + 8),
-               a2 = _mm256_loadu_ps(o + t0 + 16), a3 = _mm256_loadu_ps(o + t0 + 24);
-        for (int64_t p = lo; p <= pos; p++) {
-            float w = e[p - lo];
-            if (w < 0.0f) continue;
-            const float *vr = vb + (p % R) * hd + t0;
-            __m256 ew = _mm256_set1_ps(w);
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(ew, _mm256_loadu_ps(vr)));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(ew, _mm256_loadu_ps(vr + 8)));
-            a2 = _mm256_add_ps(a2, _mm256_mul_ps(ew, _mm256_loadu_ps(vr + 16)));
-            a3 = _mm256_add_ps(a3, _mm256_mul_ps(ew, _mm256_loadu_ps(vr + 24)));
+    if (hd == 64) {
+        __m256 a[8];
+        for (int q = 0; q < 8; q++) a[q] = _mm256_loadu_ps(o + 8 * q);
+        for (int64_t j = 0, sl = sl0; j < n; j++, sl = sl + 1 == R ? 0 : sl + 1) {
+            if (e[j] < 0.0f) continue;
+            const float *vr = vb + sl * hd;
+            __m256 ew = _mm256_set1_ps(e[j]);
+            for (int q = 0; q < 8; q++)
+                a[q] = _mm256_add_ps(a[q], _mm256_mul_ps(ew, _mm256_loadu_ps(vr + 8 * q)));
         }
-        _mm256_storeu_ps(o + t0, a0); _mm256_storeu_ps(o + t0 + 8, a1);
-        _mm256_storeu_ps(o + t0 + 16, a2); _mm256_storeu_ps(o + t0 + 24, a3);
+        for (int q = 0; q < 8; q++) _mm256_storeu_ps(o + 8 * q, a[q]);
+        return;
+    }
+    for (; t0 + 32 <= hd; t0 += 32) {
+        __m256 a[4];
+        for (int q = 0; q < 4; q++) a[q] = _mm256_loadu_ps(o + t0 + 8 * q);
+        for (int64_t j = 0, sl = sl0; j < n; j++, sl = sl + 1 == R ? 0 : sl + 1) {
+            if (e[j] < 0.0f) continue;
+            const float *vr = vb + sl * hd + t0;
+            __m256 ew = _mm256_set1_ps(e[j]);
+            for (int q = 0; q < 4; q++)
+                a[q] = _mm256_add_ps(a[q], _mm256_mul_ps(ew, _mm256_loadu_ps(vr + 8 * q)));
+        }
+        for (int q = 0; q < 4; q++) _mm256_storeu_ps(o + t0 + 8 * q, a[q]);
     }
 #endif
-    for (int64_t p = lo; p <= pos; p++) {
-        float w = e[p - lo];
-        if (w < 0.0f) continue;
-        const float *vr = vb + (p % R) * hd;
-        for (int64_t t = t0; t < hd; t++) o[t] += w * vr[t];
+    for (int64_t j = 0, sl = sl0; j < n; j++, sl = sl + 1 == R ? 0 : sl + 1) {
+        if (e[j] < 0.0f) continue;
+        const float *vr = vb + sl * hd;
+        for (int64_t t = t0; t < hd; t++) o[t] += e[j] * vr[t];
     }
 }
 
@@ -203,24 +212,25 @@ static void attend_row(const NModel *M, NState *S, int64_t i, int64_t pos, uint8
         const float *kb = S->k + (size_t)((i * KV + g) * R) * hd;
         const float *vb = S->v + (size_t)((i * KV + g) * R) * hd;
         float mx = -INFINITY, l = 0.0f, *o = s->o + hh * hd;
-        int64_t p = lo;
+        int64_t p = lo, sl = lo % R;              /* sl: p's ring slot, stepped */
         for (; p + 4 <= pos + 1; p += 4) {       /* 4 keys a call: the same bits per key */
             const float *kp[4];
+            int64_t sj[4];
             float d4[4];
-            for (int j = 0; j < 4; j++) kp[j] = kb + ((p + j) % R) * hd;
+            for (int j = 0; j < 4; j++, sl = sl + 1 == R ? 0 : sl + 1)
+                sj[j] = sl, kp[j] = kb + sl * hd;
             nat_dot_head4(s->q + hh * hd, kp, hd, d4);
             for (int j = 0; j < 4; j++) {
 #ifdef NEEDLE_FAULT_PAD_KEYS_ATTENDED
                 float sc = d4[j] * M->attn_scale;
 #else
-                float sc = S->key_ok[(p + j) % R] ? d4[j] * M->attn_scale : -INFINITY;
+                float sc = S->key_ok[sj[j]] ? d4[j] * M->attn_scale : -INFINITY;
 #endif
                 s->scores[p + j - lo] = sc;
                 mx = sc > mx ? sc : mx;
             }
         }
-        for (; p <= pos; p++) {
-            int64_t sl = p % R;
+        for (; p <= pos; p++, sl = sl + 1 == R ? 0 : sl + 1) {
 #ifdef NEEDLE_FAULT_PAD_KEYS_ATTENDED
             float sc = 1
 #else
