@@ -152,6 +152,43 @@ static float fused_row2(const CqMat *A, int64_t o, const float *xp)
     return tree_regs(c0, c1, c2, c3);
 }
 
+/* fused_row2 of rows o and o + 1 together: 8 independent chains keep both FMA pipes busy
+   (4 chains of one row wait on the FMA latency); each row's chains and tree are its own. */
+static void fused_rows2x2(const CqMat *A, int64_t o, const float *xp, float *y)
+{
+    const int64_t groups = A->in_pad / GROUP;
+    const uint8_t *ca = A->packed + o * A->row_bytes, *cb = ca + A->row_bytes;
+    const float *na = A->norms + o * groups, *nb = na + groups;
+    const __m256 lev = _mm256_permutevar8x32_ps(_mm256_loadu_ps(A->levels),
+                                                _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3));
+    const __m256i sh0 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
+                  sh1 = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
+           b3 = a0;
+    for (int64_t g = 0; g < groups; g++, ca += GROUP / 4, cb += GROUP / 4, xp += GROUP) {
+        const __m256 ta = _mm256_mul_ps(lev, _mm256_set1_ps(na[g])),
+                     tb = _mm256_mul_ps(lev, _mm256_set1_ps(nb[g]));
+        for (int k = 0; k < GROUP; k += 32) {
+            const __m256 x0 = _mm256_loadu_ps(xp + k), x1 = _mm256_loadu_ps(xp + k + 8),
+                         x2 = _mm256_loadu_ps(xp + k + 16), x3 = _mm256_loadu_ps(xp + k + 24);
+            __m256i u = _mm256_castps_si256(bcast32(ca + k / 4)),
+                    v = _mm256_castps_si256(bcast32(ca + k / 4 + 4));
+            a0 = _mm256_fmadd_ps(x0, _mm256_permutevar8x32_ps(ta, _mm256_srlv_epi32(u, sh0)), a0);
+            a1 = _mm256_fmadd_ps(x1, _mm256_permutevar8x32_ps(ta, _mm256_srlv_epi32(u, sh1)), a1);
+            a2 = _mm256_fmadd_ps(x2, _mm256_permutevar8x32_ps(ta, _mm256_srlv_epi32(v, sh0)), a2);
+            a3 = _mm256_fmadd_ps(x3, _mm256_permutevar8x32_ps(ta, _mm256_srlv_epi32(v, sh1)), a3);
+            u = _mm256_castps_si256(bcast32(cb + k / 4));
+            v = _mm256_castps_si256(bcast32(cb + k / 4 + 4));
+            b0 = _mm256_fmadd_ps(x0, _mm256_permutevar8x32_ps(tb, _mm256_srlv_epi32(u, sh0)), b0);
+            b1 = _mm256_fmadd_ps(x1, _mm256_permutevar8x32_ps(tb, _mm256_srlv_epi32(u, sh1)), b1);
+            b2 = _mm256_fmadd_ps(x2, _mm256_permutevar8x32_ps(tb, _mm256_srlv_epi32(v, sh0)), b2);
+            b3 = _mm256_fmadd_ps(x3, _mm256_permutevar8x32_ps(tb, _mm256_srlv_epi32(v, sh1)), b3);
+        }
+    }
+    y[0] = tree_regs(a0, a1, a2, a3);
+    y[1] = tree_regs(b0, b1, b2, b3);
+}
+
 static inline __m256 pick4(__m256i word, __m256i shr, __m256i shl, __m256 tlo, __m256 thi)
 {
     return _mm256_blendv_ps(_mm256_permutevar8x32_ps(tlo, _mm256_srlv_epi32(word, shr)),
@@ -199,8 +236,14 @@ void nat_cq_product(const CqMat *mats, int64_t nmats, const float *x, int64_t M,
         if (fusable) {                   /* one token: decode straight into the dot */
 #pragma omp parallel for schedule(static) num_threads(nat_threads) \
     if (nat_threads > 1 && A->rows >= 4 * ROWS)
-            for (int64_t o = 0; o < A->rows; o++)
-                y[col + o] = A->bits == 2 ? fused_row2(A, o, xp) : fused_row4(A, o, xp);
+            for (int64_t o = 0; o < A->rows; o += 2) {
+                if (A->bits == 2 && o + 1 < A->rows) fused_rows2x2(A, o, xp, y + col + o);
+                else if (A->bits == 2) y[col + o] = fused_row2(A, o, xp);
+                else {
+                    y[col + o] = fused_row4(A, o, xp);
+                    if (o + 1 < A->rows) y[col + o + 1] = fused_row4(A, o + 1, xp);
+                }
+            }
             col += A->rows;
             continue;
         }

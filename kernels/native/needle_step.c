@@ -77,6 +77,37 @@ void nat_sinkhorn(float *z, int64_t n, int64_t iters)
 /* Unnormalised Walsh-Hadamard transform in natural (Sylvester) order, then the scale. */
 void nat_fwht(float *x, int64_t n, float scale)
 {
+#ifdef __AVX__
+    /* The same butterflies: stages 1, 2 and 4 stay inside each 8-block, so they run there
+       in registers (a + b and a - b both formed, then blended), and wider stages 8 at a time;
+       every output is the scalar loop's a + b or a - b. */
+    if (n % 8 == 0) {
+        const __m256 sc = _mm256_set1_ps(scale);
+        for (int64_t i = 0; i < n; i += 8) {
+            __m256 v = _mm256_loadu_ps(x + i), a, b;
+            a = _mm256_moveldup_ps(v), b = _mm256_movehdup_ps(v);
+            v = _mm256_blend_ps(_mm256_add_ps(a, b), _mm256_sub_ps(a, b), 0xAA);
+            a = _mm256_shuffle_ps(v, v, _MM_SHUFFLE(1, 0, 1, 0));
+            b = _mm256_shuffle_ps(v, v, _MM_SHUFFLE(3, 2, 3, 2));
+            v = _mm256_blend_ps(_mm256_add_ps(a, b), _mm256_sub_ps(a, b), 0xCC);
+            a = _mm256_permute2f128_ps(v, v, 0x00), b = _mm256_permute2f128_ps(v, v, 0x11);
+            v = _mm256_blend_ps(_mm256_add_ps(a, b), _mm256_sub_ps(a, b), 0xF0);
+            if (n == 8) v = _mm256_mul_ps(v, sc);
+            _mm256_storeu_ps(x + i, v);
+        }
+        if (n == 8) return;
+        for (int64_t h = 8; h < n; h <<= 1)
+            for (int64_t i = 0; i < n; i += h << 1)
+                for (int64_t j = i; j < i + h; j += 8) {
+                    __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+                    _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+                    _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+                }
+        for (int64_t i = 0; i < n; i += 8)
+            _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), sc));
+        return;
+    }
+#endif
     for (int64_t h = 1; h < n; h <<= 1)
         for (int64_t i = 0; i < n; i += h << 1)
             for (int64_t j = i; j < i + h; j++) {
@@ -85,6 +116,29 @@ void nat_fwht(float *x, int64_t n, float scale)
                 x[j + h] = a - b;
             }
     for (int64_t i = 0; i < n; i++) x[i] *= scale;
+}
+
+/* out[t] = (((0 + w[0] * X[t]) + w[1] * X[d + t]) + ...) over the n lanes, for t < cnt: the
+   lane sums of the step, each t its own chain in lane order (8 t's per vector, no fusing,
+   so the bits are the scalar loop's). */
+static void mix_lanes(const float *w, int64_t n, const float *X, int64_t d, int64_t cnt,
+                      float *out)
+{
+    int64_t t = 0;
+#ifdef __AVX__
+    for (; t + 8 <= cnt; t += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t l = 0; l < n; l++)
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(w[l]),
+                                                   _mm256_loadu_ps(X + l * d + t)));
+        _mm256_storeu_ps(out + t, acc);
+    }
+#endif
+    for (; t < cnt; t++) {
+        float acc = 0.0f;
+        for (int64_t l = 0; l < n; l++) acc += w[l] * X[l * d + t];
+        out[t] = acc;
+    }
 }
 
 /* ---- scratch ---- */
@@ -287,11 +341,7 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         float *hpre = s->hpre + r * n, *u = s->u + r * d, *bx = s->bx + r * d;
         for (int64_t l = 0; l < n; l++)
             hpre[l] = sigmoidf_(M->a_pre[i] * rr[l] + M->pre_bias[i * n + l]);
-        for (int64_t t = 0; t < d; t++) {
-            float acc = 0.0f;
-            for (int64_t l = 0; l < n; l++) acc += hpre[l] * Xr[l * d + t];
-            u[t] = acc;
-        }
+        mix_lanes(hpre, n, Xr, d, d, u);
         s->alpha[r] = 0.0f;
         memcpy(bx, u, (size_t)d * sizeof(float));
         if (site >= 0) {
@@ -350,12 +400,11 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         for (int64_t t = 0; t < d; t++) s->y[t] = s->z[t] + s->mo[t] - u[t];
 #endif
         const float *P = s->res + r * n * n, *hpost = s->hpost + r * n;
-        for (int64_t l = 0; l < n; l++)
-            for (int64_t t = 0; t < d; t++) {
-                float acc = 0.0f;
-                for (int64_t j = 0; j < n; j++) acc += P[l * n + j] * Xr[j * d + t];
-                s->xn[l * d + t] = acc + hpost[l] * s->y[t];
-            }
+        for (int64_t l = 0; l < n; l++) {
+            float *xl = s->xn + l * d;
+            mix_lanes(P + l * n, n, Xr, d, d, xl);
+            for (int64_t t = 0; t < d; t++) xl[t] = xl[t] + hpost[l] * s->y[t];
+        }
         if (r == 0 && cap) {
             cap_put(cap, C_AOUT, i, a, d); cap_put(cap, C_APOST, i, s->ap, d);
             cap_put(cap, C_MI, i, s->mi, d); cap_put(cap, C_MO, i, s->mo, d);
