@@ -99,28 +99,128 @@ static void decode_row(const CqMat *A, int64_t o, float *w)
 #if defined(__AVX2__) && defined(__FMA__)
 #define FUSED 1
 /* nat_dot(xp, decoded row o) without storing the row (a one-token step): the same lanes
-   (four chains of 8, k in 32-blocks), the same fused multiply-adds, the same tree. */
-static float fused_row(const CqMat *A, int64_t o, const float *xp)
+   (four chains of 8, k in 32-blocks), the same fused multiply-adds, the same tree, and the
+   same weights: a group's table holds level[c] * norm, the product decode8 forms per weight.
+
+   A one-token step is bound by the decode, not by the loads, so the inner loops are cut to
+   a few instructions per 8 weights: vpermps reads only an index's low 3 bits, so a 2-bit
+   table repeated twice needs no mask, and a 4-bit code's top bit, shifted to the sign,
+   picks between the two 8-entry halves (vblendvps reads only the sign). One 32-bit load
+   feeds 16 2-bit codes or 8 4-bit ones. */
+static inline float tree_regs(__m256 c0, __m256 c1, __m256 c2, __m256 c3)
 {
-    const int64_t in_pad = A->in_pad, wide = A->bits == 4;
+    /* nat_tree32 on the four chains held in registers: the same adds in the same order */
+    __m256 v = _mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    return _mm_cvtss_f32(h);
+}
+
+static inline __m256 bcast32(const uint8_t *c)
+{
+    uint32_t w;
+    memcpy(&w, c, 4);
+    return _mm256_castsi256_ps(_mm256_set1_epi32((int)w));
+}
+
+static float fused_row2(const CqMat *A, int64_t o, const float *xp)
+{
+    const int64_t groups = A->in_pad / GROUP;
     const uint8_t *codes = A->packed + o * A->row_bytes;
-    const float *norm = A->norms + o * (in_pad / GROUP);
-    const __m256 lo = _mm256_loadu_ps(A->levels), hi = _mm256_loadu_ps(A->levels + 8);
-    const __m256i sh = shifts((int)wide), mask = _mm256_set1_epi32(wide ? 15 : 3);
-    __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-    for (int64_t g = 0; g < in_pad / GROUP; g++) {
-        const __m256 nrm = _mm256_set1_ps(norm[g]);
-        for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k += 32)
-            for (int q = 0; q < 4; q++) {
-                uint32_t word = codes8(codes + (k + 8 * q) * A->bits / 8, (int)wide);
-                __m256 w = decode8(word, sh, mask, lo, hi, (int)wide, nrm);
-                c[q] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k + 8 * q), w, c[q]);
-            }
+    const float *norm = A->norms + o * groups;
+    const __m256 lev = _mm256_permutevar8x32_ps(_mm256_loadu_ps(A->levels),
+                                                _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3));
+    const __m256i sh0 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
+                  sh1 = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    for (int64_t g = 0; g < groups; g++, codes += GROUP / 4, xp += GROUP) {
+        const __m256 t = _mm256_mul_ps(lev, _mm256_set1_ps(norm[g]));
+        for (int k = 0; k < GROUP; k += 32) {
+            __m256i a = _mm256_castps_si256(bcast32(codes + k / 4)),
+                    b = _mm256_castps_si256(bcast32(codes + k / 4 + 4));
+            c0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k),
+                                 _mm256_permutevar8x32_ps(t, _mm256_srlv_epi32(a, sh0)), c0);
+            c1 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k + 8),
+                                 _mm256_permutevar8x32_ps(t, _mm256_srlv_epi32(a, sh1)), c1);
+            c2 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k + 16),
+                                 _mm256_permutevar8x32_ps(t, _mm256_srlv_epi32(b, sh0)), c2);
+            c3 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k + 24),
+                                 _mm256_permutevar8x32_ps(t, _mm256_srlv_epi32(b, sh1)), c3);
+        }
     }
-    float acc[32];
-    for (int q = 0; q < 4; q++) _mm256_storeu_ps(acc + 8 * q, c[q]);
-    return nat_tree32(acc);
+    return tree_regs(c0, c1, c2, c3);
+}
+
+/* fused_row2 of rows o and o + 1 together: 8 independent chains keep both FMA pipes busy
+   (4 chains of one row wait on the FMA latency); each row's chains and tree are its own. */
+static void fused_rows2x2(const CqMat *A, int64_t o, const float *xp, float *y)
+{
+    const int64_t groups = A->in_pad / GROUP;
+    const uint8_t *ca = A->packed + o * A->row_bytes, *cb = ca + A->row_bytes;
+    const float *na = A->norms + o * groups, *nb = na + groups;
+    const __m256 lev = _mm256_permutevar8x32_ps(_mm256_loadu_ps(A->levels),
+                                                _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3));
+    const __m256i sh0 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
+                  sh1 = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
+           b3 = a0;
+    for (int64_t g = 0; g < groups; g++, ca += GROUP / 4, cb += GROUP / 4, xp += GROUP) {
+        const __m256 ta = _mm256_mul_ps(lev, _mm256_set1_ps(na[g])),
+                     tb = _mm256_mul_ps(lev, _mm256_set1_ps(nb[g]));
+        for (int k = 0; k < GROUP; k += 32) {
+            const __m256 x0 = _mm256_loadu_ps(xp + k), x1 = _mm256_loadu_ps(xp + k + 8),
+                         x2 = _mm256_loadu_ps(xp + k + 16), x3 = _mm256_loadu_ps(xp + k + 24);
+            __m256i u = _mm256_castps_si256(bcast32(ca + k / 4)),
+                    v = _mm256_castps_si256(bcast32(ca + k / 4 + 4));
+            a0 = _mm256_fmadd_ps(x0, _mm256_permutevar8x32_ps(ta, _mm256_srlv_epi32(u, sh0)), a0);
+            a1 = _mm256_fmadd_ps(x1, _mm256_permutevar8x32_ps(ta, _mm256_srlv_epi32(u, sh1)), a1);
+            a2 = _mm256_fmadd_ps(x2, _mm256_permutevar8x32_ps(ta, _mm256_srlv_epi32(v, sh0)), a2);
+            a3 = _mm256_fmadd_ps(x3, _mm256_permutevar8x32_ps(ta, _mm256_srlv_epi32(v, sh1)), a3);
+            u = _mm256_castps_si256(bcast32(cb + k / 4));
+            v = _mm256_castps_si256(bcast32(cb + k / 4 + 4));
+            b0 = _mm256_fmadd_ps(x0, _mm256_permutevar8x32_ps(tb, _mm256_srlv_epi32(u, sh0)), b0);
+            b1 = _mm256_fmadd_ps(x1, _mm256_permutevar8x32_ps(tb, _mm256_srlv_epi32(u, sh1)), b1);
+            b2 = _mm256_fmadd_ps(x2, _mm256_permutevar8x32_ps(tb, _mm256_srlv_epi32(v, sh0)), b2);
+            b3 = _mm256_fmadd_ps(x3, _mm256_permutevar8x32_ps(tb, _mm256_srlv_epi32(v, sh1)), b3);
+        }
+    }
+    y[0] = tree_regs(a0, a1, a2, a3);
+    y[1] = tree_regs(b0, b1, b2, b3);
+}
+
+static inline __m256 pick4(__m256i word, __m256i shr, __m256i shl, __m256 tlo, __m256 thi)
+{
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(tlo, _mm256_srlv_epi32(word, shr)),
+                            _mm256_permutevar8x32_ps(thi, _mm256_srlv_epi32(word, shr)),
+                            _mm256_castsi256_ps(_mm256_sllv_epi32(word, shl)));
+}
+
+static float fused_row4(const CqMat *A, int64_t o, const float *xp)
+{
+    const int64_t groups = A->in_pad / GROUP;
+    const uint8_t *codes = A->packed + o * A->row_bytes;
+    const float *norm = A->norms + o * groups;
+    const __m256 lo = _mm256_loadu_ps(A->levels), hi = _mm256_loadu_ps(A->levels + 8);
+    const __m256i shr = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+                  shl = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    for (int64_t g = 0; g < groups; g++, codes += GROUP / 2, xp += GROUP) {
+        const __m256 nrm = _mm256_set1_ps(norm[g]);
+        const __m256 tlo = _mm256_mul_ps(lo, nrm), thi = _mm256_mul_ps(hi, nrm);
+        for (int k = 0; k < GROUP; k += 32) {
+            const uint8_t *c = codes + k / 2;
+            c0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k), pick4(_mm256_castps_si256(
+                     bcast32(c)), shr, shl, tlo, thi), c0);
+            c1 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k + 8), pick4(_mm256_castps_si256(
+                     bcast32(c + 4)), shr, shl, tlo, thi), c1);
+            c2 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k + 16), pick4(_mm256_castps_si256(
+                     bcast32(c + 8)), shr, shl, tlo, thi), c2);
+            c3 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k + 24), pick4(_mm256_castps_si256(
+                     bcast32(c + 12)), shr, shl, tlo, thi), c3);
+        }
+    }
+    return tree_regs(c0, c1, c2, c3);
 }
 #endif
 
@@ -136,7 +236,14 @@ void nat_cq_product(const CqMat *mats, int64_t nmats, const float *x, int64_t M,
         if (fusable) {                   /* one token: decode straight into the dot */
 #pragma omp parallel for schedule(static) num_threads(nat_threads) \
     if (nat_threads > 1 && A->rows >= 4 * ROWS)
-            for (int64_t o = 0; o < A->rows; o++) y[col + o] = fused_row(A, o, xp);
+            for (int64_t o = 0; o < A->rows; o += 2) {
+                if (A->bits == 2 && o + 1 < A->rows) fused_rows2x2(A, o, xp, y + col + o);
+                else if (A->bits == 2) y[col + o] = fused_row2(A, o, xp);
+                else {
+                    y[col + o] = fused_row4(A, o, xp);
+                    if (o + 1 < A->rows) y[col + o + 1] = fused_row4(A, o + 1, xp);
+                }
+            }
             col += A->rows;
             continue;
         }

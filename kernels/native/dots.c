@@ -96,6 +96,44 @@ float nat_dot_head(const float *a, const float *b, int64_t K)
     return acc[0];
 }
 
+/* nat_dot_head of one query with 4 keys: out[j] = nat_dot_head(a, b[j], K), the same chains
+   and the same tree per key (the trees of 4 keys share the shuffles, one key per 128-bit
+   half or per element, each add the one nat_dot_head makes). */
+void nat_dot_head4(const float *a, const float *const b[4], int64_t K, float *out)
+{
+#ifdef NAT_SIMD
+    if (K % 16 == 0) {
+        __m256 c0[4], c1[4];
+        for (int j = 0; j < 4; j++) c0[j] = c1[j] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; k += 16) {
+            __m256 a0 = _mm256_loadu_ps(a + k), a1 = _mm256_loadu_ps(a + k + 8);
+            for (int j = 0; j < 4; j++) {
+                c0[j] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b[j] + k), c0[j]);
+                c1[j] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(b[j] + k + 8), c1[j]);
+            }
+        }
+        __m256 v[4];
+        for (int j = 0; j < 4; j++) v[j] = _mm256_add_ps(c0[j], c1[j]);
+        /* [lo(v0) + hi(v0) | lo(v1) + hi(v1)]: nat_dot_head's 8 -> 4 for two keys */
+        __m256 u01 = _mm256_add_ps(_mm256_permute2f128_ps(v[0], v[1], 0x20),
+                                   _mm256_permute2f128_ps(v[0], v[1], 0x31));
+        __m256 u23 = _mm256_add_ps(_mm256_permute2f128_ps(v[2], v[3], 0x20),
+                                   _mm256_permute2f128_ps(v[2], v[3], 0x31));
+        /* 4 -> 2 (h + movehl(h)), then 2 -> 1 (h0 + h1), per half */
+        u01 = _mm256_add_ps(u01, _mm256_shuffle_ps(u01, u01, _MM_SHUFFLE(3, 2, 3, 2)));
+        u23 = _mm256_add_ps(u23, _mm256_shuffle_ps(u23, u23, _MM_SHUFFLE(3, 2, 3, 2)));
+        u01 = _mm256_add_ps(u01, _mm256_shuffle_ps(u01, u01, _MM_SHUFFLE(1, 1, 1, 1)));
+        u23 = _mm256_add_ps(u23, _mm256_shuffle_ps(u23, u23, _MM_SHUFFLE(1, 1, 1, 1)));
+        float t[16];
+        _mm256_storeu_ps(t, u01);
+        _mm256_storeu_ps(t + 8, u23);
+        out[0] = t[0]; out[1] = t[4]; out[2] = t[8]; out[3] = t[12];
+        return;
+    }
+#endif
+    for (int j = 0; j < 4; j++) out[j] = nat_dot_head(a, b[j], K);
+}
+
 static void dot2(const float *a, int64_t lda, const float *b, int64_t K, float *out,
                  int64_t ldo)
 {

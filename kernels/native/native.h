@@ -54,6 +54,7 @@ extern int nat_threads;          /* set by nat_set_threads */
 float nat_dot(const float *a, const float *b, int64_t K);
 float nat_tree32(const float *acc);   /* the fixed tree over nat_dot's 32 lanes */
 float nat_dot_head(const float *a, const float *b, int64_t K);   /* attention scores */
+void nat_dot_head4(const float *a, const float *const b[4], int64_t K, float *out);
 void nat_gemm(const float *x, int64_t M, const float *W, int64_t N, int64_t K, float *y);
 void nat_gemm_block(const float *x, int64_t M, int64_t ldx, const float *W, int64_t N,
                     int64_t K, float *y, int64_t ldy);

@@ -15,6 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
 
 #include "native.h"
 #include "captures.h"
@@ -74,6 +77,37 @@ void nat_sinkhorn(float *z, int64_t n, int64_t iters)
 /* Unnormalised Walsh-Hadamard transform in natural (Sylvester) order, then the scale. */
 void nat_fwht(float *x, int64_t n, float scale)
 {
+#ifdef __AVX__
+    /* The same butterflies: stages 1, 2 and 4 stay inside each 8-block, so they run there
+       in registers (a + b and a - b both formed, then blended), and wider stages 8 at a time;
+       every output is the scalar loop's a + b or a - b. */
+    if (n % 8 == 0) {
+        const __m256 sc = _mm256_set1_ps(scale);
+        for (int64_t i = 0; i < n; i += 8) {
+            __m256 v = _mm256_loadu_ps(x + i), a, b;
+            a = _mm256_moveldup_ps(v), b = _mm256_movehdup_ps(v);
+            v = _mm256_blend_ps(_mm256_add_ps(a, b), _mm256_sub_ps(a, b), 0xAA);
+            a = _mm256_shuffle_ps(v, v, _MM_SHUFFLE(1, 0, 1, 0));
+            b = _mm256_shuffle_ps(v, v, _MM_SHUFFLE(3, 2, 3, 2));
+            v = _mm256_blend_ps(_mm256_add_ps(a, b), _mm256_sub_ps(a, b), 0xCC);
+            a = _mm256_permute2f128_ps(v, v, 0x00), b = _mm256_permute2f128_ps(v, v, 0x11);
+            v = _mm256_blend_ps(_mm256_add_ps(a, b), _mm256_sub_ps(a, b), 0xF0);
+            if (n == 8) v = _mm256_mul_ps(v, sc);
+            _mm256_storeu_ps(x + i, v);
+        }
+        if (n == 8) return;
+        for (int64_t h = 8; h < n; h <<= 1)
+            for (int64_t i = 0; i < n; i += h << 1)
+                for (int64_t j = i; j < i + h; j += 8) {
+                    __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+                    _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+                    _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+                }
+        for (int64_t i = 0; i < n; i += 8)
+            _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), sc));
+        return;
+    }
+#endif
     for (int64_t h = 1; h < n; h <<= 1)
         for (int64_t i = 0; i < n; i += h << 1)
             for (int64_t j = i; j < i + h; j++) {
@@ -82,6 +116,29 @@ void nat_fwht(float *x, int64_t n, float scale)
                 x[j + h] = a - b;
             }
     for (int64_t i = 0; i < n; i++) x[i] *= scale;
+}
+
+/* out[t] = (((0 + w[0] * X[t]) + w[1] * X[d + t]) + ...) over the n lanes, for t < cnt: the
+   lane sums of the step, each t its own chain in lane order (8 t's per vector, no fusing,
+   so the bits are the scalar loop's). */
+static void mix_lanes(const float *w, int64_t n, const float *X, int64_t d, int64_t cnt,
+                      float *out)
+{
+    int64_t t = 0;
+#ifdef __AVX__
+    for (; t + 8 <= cnt; t += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t l = 0; l < n; l++)
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(w[l]),
+                                                   _mm256_loadu_ps(X + l * d + t)));
+        _mm256_storeu_ps(out + t, acc);
+    }
+#endif
+    for (; t < cnt; t++) {
+        float acc = 0.0f;
+        for (int64_t l = 0; l < n; l++) acc += w[l] * X[l * d + t];
+        out[t] = acc;
+    }
 }
 
 /* ---- scratch ---- */
@@ -135,6 +192,48 @@ int64_t nat_struct_size(int64_t which)
          : which == 2 ? (int64_t)sizeof(CqMat) : -1;
 }
 
+/* o[t] += e_p * v_p[t] over the present keys p = lo..pos in order (e[p - lo] < 0: skipped).
+   Each o[t] is its own chain of a product then a sum (no fusing), so keeping 32 or 64 of them
+   in registers across the keys, rather than in memory, changes no bit. The ring slot steps
+   instead of p % R (an integer division per key was a large part of the step). */
+static void weigh_values(const float *e, int64_t lo, int64_t pos, const float *vb, int64_t R,
+                         int64_t hd, float *o)
+{
+    int64_t t0 = 0, n = pos - lo + 1, sl0 = lo % R;
+#ifdef __AVX__
+    if (hd == 64) {
+        __m256 a[8];
+        for (int q = 0; q < 8; q++) a[q] = _mm256_loadu_ps(o + 8 * q);
+        for (int64_t j = 0, sl = sl0; j < n; j++, sl = sl + 1 == R ? 0 : sl + 1) {
+            if (e[j] < 0.0f) continue;
+            const float *vr = vb + sl * hd;
+            __m256 ew = _mm256_set1_ps(e[j]);
+            for (int q = 0; q < 8; q++)
+                a[q] = _mm256_add_ps(a[q], _mm256_mul_ps(ew, _mm256_loadu_ps(vr + 8 * q)));
+        }
+        for (int q = 0; q < 8; q++) _mm256_storeu_ps(o + 8 * q, a[q]);
+        return;
+    }
+    for (; t0 + 32 <= hd; t0 += 32) {
+        __m256 a[4];
+        for (int q = 0; q < 4; q++) a[q] = _mm256_loadu_ps(o + t0 + 8 * q);
+        for (int64_t j = 0, sl = sl0; j < n; j++, sl = sl + 1 == R ? 0 : sl + 1) {
+            if (e[j] < 0.0f) continue;
+            const float *vr = vb + sl * hd + t0;
+            __m256 ew = _mm256_set1_ps(e[j]);
+            for (int q = 0; q < 4; q++)
+                a[q] = _mm256_add_ps(a[q], _mm256_mul_ps(ew, _mm256_loadu_ps(vr + 8 * q)));
+        }
+        for (int q = 0; q < 4; q++) _mm256_storeu_ps(o + t0 + 8 * q, a[q]);
+    }
+#endif
+    for (int64_t j = 0, sl = sl0; j < n; j++, sl = sl + 1 == R ? 0 : sl + 1) {
+        if (e[j] < 0.0f) continue;
+        const float *vr = vb + sl * hd;
+        for (int64_t t = t0; t < hd; t++) o[t] += e[j] * vr[t];
+    }
+}
+
 /* Attention of one row at position `pos`: norms and RoPE, the ring write, then softmax over
    the window in position order (oldest first), skipping keys marked absent. */
 static void attend_row(const NModel *M, NState *S, int64_t i, int64_t pos, uint8_t valid,
@@ -167,8 +266,25 @@ static void attend_row(const NModel *M, NState *S, int64_t i, int64_t pos, uint8
         const float *kb = S->k + (size_t)((i * KV + g) * R) * hd;
         const float *vb = S->v + (size_t)((i * KV + g) * R) * hd;
         float mx = -INFINITY, l = 0.0f, *o = s->o + hh * hd;
-        for (int64_t p = lo; p <= pos; p++) {
-            int64_t sl = p % R;
+        int64_t p = lo, sl = lo % R;              /* sl: p's ring slot, stepped */
+        for (; p + 4 <= pos + 1; p += 4) {       /* 4 keys a call: the same bits per key */
+            const float *kp[4];
+            int64_t sj[4];
+            float d4[4];
+            for (int j = 0; j < 4; j++, sl = sl + 1 == R ? 0 : sl + 1)
+                sj[j] = sl, kp[j] = kb + sl * hd;
+            nat_dot_head4(s->q + hh * hd, kp, hd, d4);
+            for (int j = 0; j < 4; j++) {
+#ifdef NEEDLE_FAULT_PAD_KEYS_ATTENDED
+                float sc = d4[j] * M->attn_scale;
+#else
+                float sc = S->key_ok[sj[j]] ? d4[j] * M->attn_scale : -INFINITY;
+#endif
+                s->scores[p + j - lo] = sc;
+                mx = sc > mx ? sc : mx;
+            }
+        }
+        for (; p <= pos; p++, sl = sl + 1 == R ? 0 : sl + 1) {
 #ifdef NEEDLE_FAULT_PAD_KEYS_ATTENDED
             float sc = 1
 #else
@@ -181,14 +297,17 @@ static void attend_row(const NModel *M, NState *S, int64_t i, int64_t pos, uint8
         }
         memset(o, 0, (size_t)hd * sizeof(float));
         if (mx == -INFINITY) continue;          /* nothing to attend to: zeros, never NaN */
-        for (int64_t p = lo; p <= pos; p++) {
+        for (int64_t p = lo; p <= pos; p++) {   /* weights first; -1 marks a skipped key */
             float sc = s->scores[p - lo];
-            if (sc == -INFINITY) continue;
+            if (sc == -INFINITY) {
+                s->scores[p - lo] = -1.0f;          /* expf is never negative (NaN passes) */
+                continue;
+            }
             float e = expf(sc - mx);
-            const float *vr = vb + (p % R) * hd;
             l += e;
-            for (int64_t t = 0; t < hd; t++) o[t] += e * vr[t];
+            s->scores[p - lo] = e;
         }
+        weigh_values(s->scores, lo, pos, vb, R, hd, o);
         for (int64_t t = 0; t < hd; t++) o[t] /= l;
     }
     const float *graw = qkvg + attn + 2 * kvd;
@@ -222,11 +341,7 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         float *hpre = s->hpre + r * n, *u = s->u + r * d, *bx = s->bx + r * d;
         for (int64_t l = 0; l < n; l++)
             hpre[l] = sigmoidf_(M->a_pre[i] * rr[l] + M->pre_bias[i * n + l]);
-        for (int64_t t = 0; t < d; t++) {
-            float acc = 0.0f;
-            for (int64_t l = 0; l < n; l++) acc += hpre[l] * Xr[l * d + t];
-            u[t] = acc;
-        }
+        mix_lanes(hpre, n, Xr, d, d, u);
         s->alpha[r] = 0.0f;
         memcpy(bx, u, (size_t)d * sizeof(float));
         if (site >= 0) {
@@ -285,12 +400,11 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         for (int64_t t = 0; t < d; t++) s->y[t] = s->z[t] + s->mo[t] - u[t];
 #endif
         const float *P = s->res + r * n * n, *hpost = s->hpost + r * n;
-        for (int64_t l = 0; l < n; l++)
-            for (int64_t t = 0; t < d; t++) {
-                float acc = 0.0f;
-                for (int64_t j = 0; j < n; j++) acc += P[l * n + j] * Xr[j * d + t];
-                s->xn[l * d + t] = acc + hpost[l] * s->y[t];
-            }
+        for (int64_t l = 0; l < n; l++) {
+            float *xl = s->xn + l * d;
+            mix_lanes(P + l * n, n, Xr, d, d, xl);
+            for (int64_t t = 0; t < d; t++) xl[t] = xl[t] + hpost[l] * s->y[t];
+        }
         if (r == 0 && cap) {
             cap_put(cap, C_AOUT, i, a, d); cap_put(cap, C_APOST, i, s->ap, d);
             cap_put(cap, C_MI, i, s->mi, d); cap_put(cap, C_MO, i, s->mo, d);
