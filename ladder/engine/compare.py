@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ladder.engine.batch import as_array, batchable, eligible, measure
+from ladder.engine.fold import Fold, LazyRow
 from ladder.engine.metrics import metrics
 from ladder.engine.rules import DEFAULT_RULES, Rule, RuleSet
 from ladder.engine.trace import Ladder, TAIL, is_coarse, layer_of
@@ -128,13 +130,19 @@ def compare_point(step: str, point: str, a, b, pattern: str, rule: Rule, rel_flo
     m = metrics(a, b, rel_floor)
     ratios = rule.position_ratios(a, b)
     errs = rule.position_errors(a, b, ratios)
-    bad = int((ratios > 1).sum())
+    return _result(step, point, tuple(a.shape), a.numel(), m, errs, int((ratios > 1).sum()),
+                   pattern, rule, pos0, half)
+
+
+def _result(step, point, shape, numel, m, errs, bad, pattern, rule, pos0, half=()):
+    """The row of one measured point (metrics, the rule error per position, the count of
+    elements over their allowance), whichever path measured it (this module or batch.py)."""
     worst = max(range(len(errs)), key=lambda j: errs[j]) if errs else 0
     first_bad = next((j for j, e in enumerate(errs) if not e <= 1.0), None)
     error = max(errs) if errs else 0.0
     nonfinite = m["nan_a"] + m["nan_b"] + m["inf_a"] + m["inf_b"]
-    return PointResult(step, point, tuple(a.shape), m["max_abs"], m["max_rel"], m["ulp"],
-                       m["cosine"], m["sqnr_db"], bad / max(a.numel(), 1), m["nan_a"],
+    return PointResult(step, point, shape, m["max_abs"], m["max_rel"], m["ulp"],
+                       m["cosine"], m["sqnr_db"], bad / max(numel, 1), m["nan_a"],
                        m["nan_b"], m["inf_a"], m["inf_b"], pattern, rule, error,
                        error <= 1.0, pos0 + worst,
                        None if first_bad is None else pos0 + first_bad,
@@ -321,82 +329,88 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
                            f"schedules: {why}; compare runs of the same tokens")
     if a.captured != b.captured:          # one side kept each step's last position only
         a, b = a.last_only(), b.last_only()
-    rows, logit_rows, hidden = [], [], []
-    fold = _Fold() if keep == "summary" else None
+    rows, logit_rows, hidden, patterns = [], [], [], {}
+    fold = Fold() if keep == "summary" else None
     for si, st in enumerate(b.steps):
-        if fold is not None:
-            fold.add(si, rows)
-            rows = []
         pos0 = b.first_pos(st)
+        step_rows, batch, out = [], {}, []
+        in_a, in_b = _arrays(a, st.name), _arrays(b, st.name)
         for point in _merged_order(a, b, st.name):
             key = f"{st.name}/{point}"
-            pattern = rs.pattern_for(f"{prefix}/{point}")
+            pattern = patterns.get(point)
+            if pattern is None:
+                pattern = patterns[point] = rs.pattern_for(f"{prefix}/{point}")
+            if point not in in_a or point not in in_b:
+                why = a.hidden.get(key) if point not in in_a else b.hidden.get(key)
+                if why is not None:
+                    hidden.append((key, why))
+                    continue
+                side = a.label if point not in in_a else b.label
+                shape = tuple((b if point in in_b else a)[key].shape)
+                step_rows.append(_missing(st.name, point, shape, pattern, rs.rules[pattern],
+                                          f"not traced by {side}"))
+                continue
+            if batchable(rs.rules[pattern]):
+                x, y = in_a[point], in_b[point]
+                if eligible(x, y):
+                    batch.setdefault(x.dtype, []).append((len(step_rows), point, x, y, pattern))
+            step_rows.append((point, key, pattern))
+        # every point of the step at once (batch.py); what it leaves, one by one below
+        done = {}
+        for group in batch.values():
+            kept, measured = measure([(x, y) for _, _, x, y, _ in group],
+                                     [rs.rules[p] for *_, p in group], rs.rel_floor)
+            for k, g in enumerate(kept):
+                i, point, x, _, pattern = group[g]
+                errs = measured.errors(k)
+                done[i] = LazyRow(point, max(errs), (_batch_row, measured, k, (
+                    st.name, point, x.shape, x.size, errs, pattern, rs.rules[pattern],
+                    pos0)))
+        for i, row in enumerate(step_rows):
+            if isinstance(row, PointResult):          # not traced by one side
+                out.append(row)
+                continue
+            point, key, pattern = row
             rule = rs.rules[pattern]
-            why = a.hidden.get(key) if key not in a else b.hidden.get(key) if key not in b \
-                else None
-            if why is not None:
-                hidden.append((key, why))
+            row = done.get(i)
+            if row is not None and point != TAIL[-1]:
+                out.append(row if fold is not None else row.build())
                 continue
-            if key not in a or key not in b:
-                side = a.label if key not in a else b.label
-                shape = tuple((b if key in b else a)[key].shape)
-                rows.append(_missing(st.name, point, shape, pattern, rule,
-                                     f"not traced by {side}"))
-                continue
-            row = compare_point(st.name, point, a[key], b[key], pattern, rule, rs.rel_floor,
-                                pos0)
-            if point == TAIL[-1] and a[key].shape == b[key].shape:
-                res = [compare_logits(st.name, pos0 + j, a[key][j], b[key][j], rule, rs)
-                       for j in range(a[key].shape[0])]
+            va, vb = a[key], b[key]
+            row = compare_point(st.name, point, va, vb, pattern, rule, rs.rel_floor, pos0) \
+                if row is None else row.build()
+            if point == TAIL[-1] and va.shape == vb.shape:
+                res = [compare_logits(st.name, pos0 + j, va[j], vb[j], rule, rs)
+                       for j in range(va.shape[0])]
                 logit_rows += res
                 bad = [r for r in res if not r.passed]
                 if bad and row.passed:        # only a looser custom rule lets this happen
                     row = _with(row, False, bad[0].pos,
                                 f"argmax/top-k/KL check failed at position {bad[0].pos}")
-            rows.append(row)
+            out.append(row)
+        if fold is not None:
+            fold.add(si, out)           # while the step's values are still held
+        else:
+            rows += out
     cmp = Comparison(rows, logit_rows, rs, prefix, a_label or a.label, b_label or b.label,
                      list(b.steps), hidden)
     if fold is not None:
-        fold.add(len(b.steps), rows)
         fold.finish(cmp)
     return cmp
 
 
-class _Fold:
-    """keep="summary": rows folded step by step into what the verdicts read."""
+def _batch_row(measured, k, step, point, shape, numel, errs, pattern, rule, pos0):
+    return _result(step, point, shape, numel, measured.metrics(k), errs, measured.bad[k],
+                   pattern, rule, pos0)
 
-    def __init__(self):
-        self.worst, self.first_fail, self.first_step = {}, {}, None
-        self.order, self.total, self.failing, self.counts = {}, 0, 0, {}
 
-    def add(self, si: int, step_rows: list):
-        if not step_rows:
-            return
-        si -= 1                                   # the rows are the previous step's
-        bad = False
-        for j, r in enumerate(step_rows):
-            self.order[id(r)] = (si, j)
-            self.total += 1
-            err = math.inf if math.isnan(r.error) else r.error
-            w = self.worst.get(r.point)
-            if w is None or err > (math.inf if math.isnan(w.error) else w.error):
-                self.worst[r.point] = r
-            if not r.passed:
-                bad = True
-                self.failing += 1
-                self.counts[r.point] = self.counts.get(r.point, 0) + 1
-                self.first_fail.setdefault(r.point, r)
-        if bad and self.first_step is None:
-            self.first_step = step_rows
-
-    def finish(self, cmp: Comparison):
-        kept = {id(r): r for r in (self.first_step or [])}
-        kept.update({id(r): r for r in self.worst.values()})
-        kept.update({id(r): r for r in self.first_fail.values()})
-        cmp.rows = sorted(kept.values(), key=lambda r: self.order[id(r)])
-        cmp.folded, cmp.total_rows, cmp.total_failing = True, self.total, self.failing
-        cmp.fail_counts = dict(self.counts)
-        cmp.point_order = list(self.worst)        # first appearance, as the full rows give
+def _arrays(ladder: Ladder, step: str) -> dict:
+    """point -> its values in `step` as a numpy array without a copy (None: not one
+    batch.py takes); read from a file, views of the step's bytes."""
+    values = ladder.values
+    if hasattr(values, "step_arrays"):
+        return values.step_arrays(step)
+    return {p: as_array(values[f"{step}/{p}"]) for p in ladder.points(step)}
 
 
 def _with(row: PointResult, passed: bool, first_bad, note: str) -> PointResult:
