@@ -24,9 +24,21 @@ from __future__ import annotations
 import sys
 
 from ladder.cli.parser import build_parser
+from ladder.sides.defaults import DEFAULT_PROMPT, DEFAULT_STEPS  # noqa: F401  (re-exported)
 
 # Everything else is imported where it is used: `--help` and a flag argparse refuses exit
 # before any command runs, and must not pay for torch (~3 s on the 2-core machine).
+
+
+def __getattr__(name):
+    """The names this module re-exported before its imports moved into main()."""
+    if name == "LadderInputError":
+        from ladder.sides.model_input import LadderInputError
+        return LadderInputError
+    if name == "TraceError":
+        from ladder.engine.trace import TraceError
+        return TraceError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def parser():
