@@ -100,6 +100,19 @@ def test_the_batch_gives_the_per_point_rows(monkeypatch, seed, rs, keep):
     assert any(not r.passed for r in want.rows)       # the cases reach failing rows too
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 40])
+def test_a_step_measured_in_chunks_gives_the_same_rows(monkeypatch, chunk):
+    """The batch's memory is bounded by measuring a step in chunks of points (batch.CHUNK
+    elements): however the points are cut, the rows are the per-point path's."""
+    from ladder.engine import batch
+    a, b = _ladders(4)
+    want = _per_point(monkeypatch, a, b, RULESETS[0], prefix="t", keep="summary")
+    monkeypatch.setattr(batch, "CHUNK", chunk)
+    assert list(batch.chunks([3, 3, 50, 1, 1], 6)) == [(0, 2), (2, 3), (3, 5)]
+    assert _fields(compare_ladders(a, b, RULESETS[0], prefix="t", keep="summary")) == \
+        _fields(want)
+
+
 def test_a_point_the_batch_cannot_take_is_measured_point_by_point(monkeypatch):
     """NaN/Inf, mixed and 16-bit dtypes, empty shapes, exact/p99/elementwise rules: still rows,
     the same as before, beside batched points in the same step."""

@@ -71,6 +71,25 @@ def _ulp_elements(A: np.ndarray, B: np.ndarray) -> np.ndarray:
                         np.abs(ia).astype(np.float64) + np.abs(ib).astype(np.float64))
 
 
+# Elements a measure call takes at most: its float64 temporaries (~8 arrays of this length)
+# stay ~16 MB whatever the step's size, as a streamed comparison's memory must
+CHUNK = 1 << 18
+
+
+def chunks(sizes: list, limit: int | None = None):
+    """(first, end) index ranges of consecutive points, each of at most `limit` (CHUNK)
+    elements (a point larger than that on its own)."""
+    limit = CHUNK if limit is None else limit
+    lo, total = 0, 0
+    for i, n in enumerate(sizes):
+        if total and total + n > limit:
+            yield lo, i
+            lo, total = i, 0
+        total += n
+    if lo < len(sizes):
+        yield lo, len(sizes)
+
+
 def measure(pairs: list, rules: list, rel_floor: float) -> list:
     """pairs: [(x, y)] numpy arrays of one dtype, each pair `eligible`, its rule in `rules`
     `batchable`. Returns (the indices of the pairs measured, their Measured in that order):
@@ -128,8 +147,7 @@ def measure(pairs: list, rules: list, rel_floor: float) -> list:
         lo = int(pos_starts[k])
         dj = D[lo:lo + int(width[i])]
         bad[i] += int((dj / max(c, 1e-300) > 1).sum()) if c > 0 else int((dj != 0).sum())
-    return list(range(len(pairs))), Measured(A64, B64, D, starts.tolist(), sizes.tolist(),
-                                             S.tolist(), pos_first.tolist(), max_abs,
+    return list(range(len(pairs))), Measured(pairs, S.tolist(), pos_first.tolist(), max_abs,
                                              max_rel, ulp, err.tolist(), bad.tolist())
 
 
@@ -138,15 +156,16 @@ class Measured:
     a point) are computed when asked for: a streamed comparison keeps a few rows a point,
     and asks them of those alone."""
 
-    def __init__(self, A64, B64, D, starts, sizes, S, pos_first, max_abs, max_rel, ulp,
-                 err, bad):
-        self._A, self._B, self._D = A64, B64, D
-        self._starts, self._sizes, self._S, self._p0 = starts, sizes, S, pos_first
+    def __init__(self, pairs, S, pos_first, max_abs, max_rel, ulp, err, bad):
+        # the pairs themselves (views of the step's values), not the batch's float64
+        # copies: a kept row widens its own values again, so the batch's memory is freed
+        # when measure returns
+        self._pairs, self._S, self._p0 = pairs, S, pos_first
         self._max_abs, self._max_rel, self._ulp = max_abs, max_rel, ulp
         self._err, self.bad = err, bad
 
     def __len__(self):
-        return len(self._starts)
+        return len(self._pairs)
 
     def errors(self, i: int) -> list:
         """Rule.position_errors of point i."""
@@ -155,9 +174,11 @@ class Measured:
 
     def metrics(self, i: int) -> dict:
         """metrics.metrics of point i."""
-        lo, n, dot = self._starts[i], self._sizes[i], np.dot
+        a, b = self._pairs[i]
         # the BLAS call metrics.py's `@` makes, on the same 1-D float64 values
-        x, y, d = self._A[lo:lo + n], self._B[lo:lo + n], self._D[lo:lo + n]
+        x, y, dot = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64), np.dot
+        d = np.subtract(x, y)
+        np.abs(d, out=d)
         xx, yy = float(dot(x, x)), float(dot(y, y))
         na, nb = math.sqrt(xx), math.sqrt(yy)
         if na == 0 or nb == 0:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ladder.engine.batch import as_array, batchable, eligible, measure
+from ladder.engine.batch import as_array, batchable, chunks, eligible, measure
 from ladder.engine.fold import Fold, LazyRow
 from ladder.engine.metrics import metrics
 from ladder.engine.rules import DEFAULT_RULES, Rule, RuleSet
@@ -357,15 +357,17 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
             step_rows.append((point, key, pattern))
         # every point of the step at once (batch.py); what it leaves, one by one below
         done = {}
-        for group in batch.values():
-            kept, measured = measure([(x, y) for _, _, x, y, _ in group],
-                                     [rs.rules[p] for *_, p in group], rs.rel_floor)
-            for k, g in enumerate(kept):
-                i, point, x, _, pattern = group[g]
-                errs = measured.errors(k)
-                done[i] = LazyRow(point, max(errs), (_batch_row, measured, k, (
-                    st.name, point, x.shape, x.size, errs, pattern, rs.rules[pattern],
-                    pos0)))
+        for whole in batch.values():
+            for lo, hi in chunks([x.size for _, _, x, _, _ in whole]):
+                group = whole[lo:hi]
+                kept, measured = measure([(x, y) for _, _, x, y, _ in group],
+                                         [rs.rules[p] for *_, p in group], rs.rel_floor)
+                for k, g in enumerate(kept):
+                    i, point, x, _, pattern = group[g]
+                    errs = measured.errors(k)
+                    done[i] = LazyRow(point, max(errs), (_batch_row, measured, k, (
+                        st.name, point, x.shape, x.size, errs, pattern, rs.rules[pattern],
+                        pos0)))
         for i, row in enumerate(step_rows):
             if isinstance(row, PointResult):          # not traced by one side
                 out.append(row)
