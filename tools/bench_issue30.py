@@ -12,8 +12,9 @@ streaming bench sets), the CPUs, and per figure every run's value.
 
 - stream: tools/bench_compare_stream.py's child ("stream" mode: both archives read lazily,
   keep="summary") of the checkout, on the archives in --dir (written first with the
-  checkout's `ladder dump` if missing): its seconds, archive MB/s, rows, verdict, and the
-  archive bytes held at most (the lazy reader's count: must not change).
+  checkout's `ladder dump` if missing): its seconds, archive MB/s, rows, verdict, the
+  archive bytes held at most (the lazy reader's count: must not change), and the resident
+  set's rise during the comparison (the bench's own measure).
 - run: `python -m ladder run` (tiny preset defaults); its own timing line's reference, port
   and compare seconds, and their sum ("compute").
 - help / bad flag: wall seconds of `python -m ladder --help` and `python -m ladder run
@@ -69,7 +70,8 @@ def stream(checkout: str, a: str, b: str) -> dict:
     size = os.path.getsize(a) + os.path.getsize(b)
     return {"stream_s": r["compare_s"], "stream_mb_per_s": size / 1e6 / r["compare_s"],
             "stream_rows": r["rows"], "stream_passed": r["passed"],
-            "stream_held_bytes": r["values_held_bytes"], "stream_threads": r["threads"]}
+            "stream_held_bytes": r["values_held_bytes"], "stream_threads": r["threads"],
+            "stream_rss_peak_mb": r["peak_extra_bytes"] / 1e6}
 
 
 TIMING = re.compile(r"reference ([\d.]+) s, port ([\d.]+) s, compare ([\d.]+) s")
