@@ -133,8 +133,14 @@ def main(argv=None) -> int:
         runs.sort(key=lambda r: r["compare_s"])
         results[mode] = dict(runs[len(runs) // 2], compare_s_all=[r["compare_s"] for r in runs])
     mem, st = results["memory"], results["stream"]
+    archive_bytes = sum(os.path.getsize(p) for p in paths.values())
     print(f"{args.preset}, prompt {args.prompt_len} + {args.steps} steps, {st['rows']} rows, "
           f"{st['threads']} torch thread(s), median of {args.repeat}")
+    for r in (mem, st):
+        r["archive_mb_per_s"] = archive_bytes / 1e6 / r["compare_s"]
+    print(f"  archives {archive_bytes / 1e6:.0f} MB: stream compares "
+          f"{st['archive_mb_per_s']:.0f} MB/s of archive, {st['rows'] / st['compare_s']:.0f} "
+          f"rows/s")
     for r in (mem, st):
         print(f"  {r['mode']:6s}: compare {r['compare_s']:.2f} s, archive values held at most "
               f"{r['values_held_bytes'] / 1e6:.1f} MB, RSS peak +{r['peak_extra_bytes'] / 1e6:.1f} "
@@ -147,7 +153,7 @@ def main(argv=None) -> int:
           f"(less the rows: {(st['peak_extra_bytes'] - st['rows_bytes']) / st['largest_step_bytes']:.2f}x)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump(dict(results, archive_bytes=archive_bytes), f, indent=1)
     return 0
 
 

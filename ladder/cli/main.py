@@ -23,26 +23,37 @@ from __future__ import annotations
 
 import sys
 
-from ladder.cli.args import check as check_args
-from ladder.cli.commands import (cmd_locate, cmd_regen, cmd_report, cmd_rules, cmd_run,
-                                 other_model, with_fault)
-from ladder.cli.errors import input_errors
 from ladder.cli.parser import build_parser
-from ladder.engine.trace import TraceError
-from ladder.sides.model_input import DEFAULT_PROMPT, DEFAULT_STEPS, LadderInputError  # noqa: F401
-from ladder.sweep.command import add_parser as add_sweep_parser, check_flags as check_sweep_flags
+from ladder.sides.defaults import DEFAULT_PROMPT, DEFAULT_STEPS  # noqa: F401  (re-exported)
+
+# Everything else is imported where it is used: `--help` and a flag argparse refuses exit
+# before any command runs, and must not pay for torch (~3 s on the 2-core machine).
+
+
+def __getattr__(name):
+    """The names this module re-exported before its imports moved into main()."""
+    if name == "LadderInputError":
+        from ladder.sides.model_input import LadderInputError
+        return LadderInputError
+    if name == "TraceError":
+        from ladder.engine.trace import TraceError
+        return TraceError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def parser():
     """`python -m ladder`'s parser, sweep included."""
+    from ladder.sweep.command import add_parser as add_sweep_parser
     return build_parser((add_sweep_parser,))
 
 
 def check_command(args) -> None:
     """Every flag of the parsed command that can be judged before any work."""
     if args.cmd == "sweep":                 # its cases get check_args each (ladder/sweep/)
+        from ladder.sweep.command import check_flags as check_sweep_flags
         check_sweep_flags(args)
     else:
+        from ladder.cli.args import check as check_args
         check_args(args)                    # ladder/cli/args.py
 
 
@@ -66,6 +77,10 @@ def main(argv=None, out=print) -> int:
     out = safe_print if out is print else out       # file text: escaped, never a crash
     args = parser().parse_args(argv)
     from ladder.cli import compare as compare_cli
+    from ladder.cli.commands import (cmd_locate, cmd_regen, cmd_report, cmd_rules, cmd_run,
+                                     other_model, with_fault)
+    from ladder.cli.errors import input_errors
+    from ladder.engine.trace import TraceError
     cmd = {"run": cmd_run, "locate": cmd_locate, "report": cmd_report, "regen": cmd_regen,
            "rules": cmd_rules, "compare": compare_cli.cmd_compare,
            "dump": compare_cli.cmd_dump, "sweep": _cmd_sweep, "points": _cmd_points,

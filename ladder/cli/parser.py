@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from bounded.size import DEFAULT_MAX_MEMORY, cli_size
-from ladder.sides.model_input import DEFAULT_PROMPT, DEFAULT_STEPS
+from ladder.sides.defaults import DEFAULT_PROMPT, DEFAULT_STEPS   # no torch: --help is fast
 
 DESCRIPTION = ("`python -m ladder run | locate | report | shrink | regen | compare | dump | rules "
                "| points | sweep`: a port of needle v2 beside the reference, point by point "

@@ -36,15 +36,14 @@ limit. The comparison engine needs only `Ladder`; nothing here knows the model.
 from __future__ import annotations
 
 import json
-import math
 import os
-from collections.abc import Mapping
 
 import torch
 
 from bounded.io import open_regular
 from bounded.safetensors import ST_DTYPES, load_safetensors, read_header
 from bounded.size import DEFAULT_MAX_MEMORY
+from ladder.engine.lazy_values import LazyValues
 from ladder.engine.steps import CAPTURED, Step, schedule
 from ladder.model.precision import FLOAT32, Precision, PrecisionError
 
@@ -276,94 +275,6 @@ def _canonical_step_names(steps, infos, m):
     return ours, new_infos, rename
 
 
-class LazyValues(Mapping):
-    """An archive's values read from the file on access, one step at a time: the values of
-    the step last asked for are kept, the rest stay on disk, so a comparison that walks the
-    steps in order holds one step of each side (README "Bring your own port")."""
-
-    def __init__(self, f, where, infos: dict, data_start: int, order: list, last=False):
-        self._f, self._where, self._infos = f, where, infos
-        self._start, self._order, self._last = data_start, order, last
-        self._index = set(order)
-        self._spans = {}          # step -> (first byte, end byte, bytes) of its tensors
-        for key in order:
-            step = key.split("/", 1)[0]
-            lo, hi = self._infos[key][2:]
-            a, b, n = self._spans.get(step, (lo, hi, 0))
-            self._spans[step] = (min(a, lo), max(b, hi), n + hi - lo)
-        self._step, self._cache, self._buf, self._base = None, {}, None, 0
-        self.held = self.peak_held = 0       # bytes of values in memory now / at most
-
-    def _hold(self, n: int):
-        self.held += n
-        self.peak_held = max(self.peak_held, self.held)
-
-    def _load_step(self, step):
-        """One read for the whole step when its tensors lie together (a writer that sorts
-        keys puts them so), else per tensor on demand."""
-        self._step, self._cache, self._buf, self.held = step, {}, None, 0
-        lo, hi, own = self._spans[step]
-        if 0 < hi - lo <= 2 * own:
-            self._buf, self._base = self._read(lo, hi, step), lo
-            self._hold(hi - lo)
-
-    def _read(self, lo, hi, what):
-        buf = torch.empty(hi - lo, dtype=torch.uint8)
-        self._f.seek(self._start + lo)
-        if hi > lo and self._f.readinto(buf.numpy()) != hi - lo:
-            raise ArchiveError(f"{self._where}: {what!r} is truncated at file offset "
-                               f"{self._start + lo} (the file shrank while being read)")
-        return buf
-
-    def __getitem__(self, key):
-        if key not in self._index:
-            raise KeyError(key)
-        step = key.split("/", 1)[0]
-        if step != self._step:
-            self._load_step(step)
-        t = self._cache.get(key)
-        if t is None:
-            dtype, shape, lo, hi = self._infos[key]
-            if self._buf is not None:
-                raw = self._buf[lo - self._base:hi - self._base]
-            else:
-                raw = self._read(lo, hi, key)
-                self._hold(hi - lo)
-            if (lo - self._base) % raw.new_empty((), dtype=dtype).element_size():
-                raw = raw.clone()                # unaligned for this dtype inside the step
-            t = raw.view(dtype).reshape(shape)
-            if dtype in (torch.float16, torch.bfloat16):
-                t = t.float()
-            if self._last:
-                t = t[-1:]
-            self._cache[key] = t
-        return t
-
-    def __iter__(self):
-        return iter(self._order)
-
-    def __len__(self):
-        return len(self._order)
-
-    def __contains__(self, key):
-        return key in self._index
-
-    def shape(self, key) -> tuple:
-        """The shape of `key` as read, without reading it."""
-        shape = list(self._infos[key][1])
-        return tuple([1] + shape[1:] if self._last else shape)
-
-    def last_only(self) -> "LazyValues":
-        return LazyValues(self._f, self._where, self._infos, self._start, self._order, True)
-
-    def numel(self) -> int:
-        n = 0
-        for key in self._order:
-            shape = self._infos[key][1]
-            n += math.prod(([1] + list(shape[1:])) if self._last else shape)
-        return n
-
-
 def read(path, max_memory: int | None = None, lazy: bool = False) -> tuple:
     """A trace archive as the fields of a Ladder (steps, values, label, hidden, captured,
     meta): `Ladder.load` builds it; `meta` holds the manifest. The file is framed and every
@@ -424,7 +335,7 @@ def read(path, max_memory: int | None = None, lazy: bool = False) -> tuple:
                 upcast.append(key)
             keys.append(key)
     if lazy:
-        values = LazyValues(f, where, infos, data_start, keys)
+        values = LazyValues(f, where, infos, data_start, keys, error=ArchiveError)
     else:
         values = {k: tensors[k].float() if k in upcast else tensors[k] for k in keys}
     hidden = {}

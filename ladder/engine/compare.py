@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ladder.engine.fold import Fold
+from ladder.engine.batch import as_array, batchable, chunks, eligible, measure
+from ladder.engine.fold import Fold, LazyRow
 from ladder.engine.metrics import metrics
-from ladder.engine.rule import by_position, noise_units
+from ladder.engine.ladder_text import (first_bit_difference, hidden_text,  # noqa: F401
+                                       merged_order)
+from ladder.engine.three_way import NoFloorError, floor_at, three_way
 from ladder.engine.rules import DEFAULT_RULES, Rule, RuleSet
 from ladder.engine.trace import Ladder, TAIL, is_coarse, layer_of
 
@@ -137,41 +140,27 @@ def compare_point(step: str, point: str, a, b, pattern: str, rule: Rule, rel_flo
     m = metrics(a, b, rel_floor)
     ratios = rule.position_ratios(a, b, units)
     errs = rule.position_errors(a, b, ratios)
-    floor_abs = noise_ratio = math.nan
-    notes = []
-    if floor is not None:
-        unit = units
-        if not bool(torch.isfinite(floor).all()):
-            notes.append("the noise floor overflowed here (NaN/Inf): its unit counts its "
-                         "finite values only")
-        d = by_position((a.double() - b.double()).abs())
-        port = d.amax(1) if d.shape[1] else d.new_zeros(d.shape[0])
-        fd = by_position((floor.double() - b.double()).abs())
-        floor_abs = float(fd.max()) if fd.numel() else 0.0
-        r = torch.where(unit > 0, port / unit.clamp_min(1e-300),
-                        torch.where(port == 0, 0.0, math.inf))
-        noise_ratio = float(r.max()) if r.numel() else 0.0
-        if math.isnan(noise_ratio) or nonfinite_a(a):
-            noise_ratio = math.inf                  # a NaN/Inf capture: unbounded
-    bad = int((ratios > 1).sum())
+    row = _result(step, point, tuple(a.shape), a.numel(), m, errs, int((ratios > 1).sum()),
+                  pattern, rule, pos0, half)
+    return row if floor is None else three_way(row, a, b, floor, units)
+
+
+def _result(step, point, shape, numel, m, errs, bad, pattern, rule, pos0, half=()):
+    """The row of one measured point (metrics, the rule error per position, the count of
+    elements over their allowance), whichever path measured it (this module or batch.py)."""
     worst = max(range(len(errs)), key=lambda j: errs[j]) if errs else 0
     first_bad = next((j for j, e in enumerate(errs) if not e <= 1.0), None)
     error = max(errs) if errs else 0.0
     nonfinite = m["nan_a"] + m["nan_b"] + m["inf_a"] + m["inf_b"]
-    return PointResult(step, point, tuple(a.shape), m["max_abs"], m["max_rel"], m["ulp"],
-                       m["cosine"], m["sqnr_db"], bad / max(a.numel(), 1), m["nan_a"],
+    return PointResult(step, point, shape, m["max_abs"], m["max_rel"], m["ulp"],
+                       m["cosine"], m["sqnr_db"], bad / max(numel, 1), m["nan_a"],
                        m["nan_b"], m["inf_a"], m["inf_b"], pattern, rule, error,
                        error <= 1.0, pos0 + worst,
                        None if first_bad is None else pos0 + first_bad,
                        "; ".join(([f"compared as float32 ({', '.join(half)}; ulp in "
                                    f"float32 units)"] if half else []) +
-                                 (["NaN/Inf in a capture"] if nonfinite else []) + notes),
-                       pos0, tuple(errs), floor_abs, noise_ratio,
-                       () if units is None else tuple(units.tolist()))
-
-
-def nonfinite_a(a) -> bool:
-    return a.is_floating_point() and not bool(torch.isfinite(a).all())
+                                 (["NaN/Inf in a capture"] if nonfinite else [])),
+                       pos0, tuple(errs))
 
 
 def _missing(step, point, shape, pattern, rule, note) -> PointResult:
@@ -201,22 +190,6 @@ def compare_logits(step: str, pos: int, a, b, rule: Rule, ruleset: RuleSet,
     bound = float(allow.max()) ** 2 / 2
     ok = (ia == ib or near) and topk_ok and kl <= bound
     return LogitsResult(step, pos, ia, ib, near, topk_ok, kl, bound, ok)
-
-
-def _merged_order(a: Ladder, b: Ladder, step: str) -> list:
-    """The reference's points in its order, with points only the candidate traces inserted
-    after the last common point before them in the candidate's order."""
-    order = list(b.points(step))
-    have = set(order)
-    last = None
-    for p in a.points(step):
-        if p in have:
-            last = p
-        else:
-            order.insert(order.index(last) + 1 if last is not None else 0, p)
-            have.add(p)
-            last = p
-    return order
 
 
 @dataclass
@@ -301,27 +274,6 @@ class Comparison:
         return "\n".join(lines)
 
 
-def hidden_text(hidden: list) -> str:
-    """One line naming the points a run could not show (a fused kernel kept them, another
-    implementation does not emit them): the steps and layers they are missing from, and the
-    names grouped by reason."""
-    by_why, steps, layers = {}, set(), set()
-    for key, why in hidden:
-        step, point = key.split("/", 1)
-        steps.add(step)
-        if layer_of(point) is not None:
-            layers.add(layer_of(point))
-        names = by_why.setdefault(why, [])
-        base = point.split(".", 1)[-1]
-        if base not in names:
-            names.append(base)
-    where = f"{len(steps)} step(s)" + (f" x {len(layers)} layer(s)" if layers else "")
-    title = "hidden by fusion (not compared)" if all(w.startswith("fused") for w in by_why) \
-        else "not compared"
-    return (f"{title}, {len(hidden)} points over {where}: "
-            + "; ".join(f"{', '.join(n)} ({w})" for w, n in by_why.items()))
-
-
 def as_ruleset(rules) -> RuleSet:
     return rules if isinstance(rules, RuleSet) else RuleSet(rules=dict(rules))
 
@@ -346,7 +298,8 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
 
     `floor`: a noise floor (the reference at the candidate's precision, same schedule): each
     row then also holds the floor's error and the candidate's in noise units, and noise-unit
-    rules allow `noise` x max(floor error, unit_eps x max|b|) (docs/precision.md).
+    rules allow `noise` x max(floor error so far, unit_eps x max|b|) (docs/precision.md).
+    Such rows take the per-point path, not the step's batch (batch.py).
 
     keep="all": a row per (step, point). keep="summary": what a long comparison needs and no
     more (Comparison.folded): the first divergence, each point's worst, and the first failing
@@ -366,80 +319,98 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
     if a.captured != b.captured or (floor is not None and floor.captured != b.captured):
         a, b = a.last_only(), b.last_only()     # one side kept each step's last position only
         floor = None if floor is None else floor.last_only()
-    rows, logit_rows, hidden = [], [], []
+    rows, logit_rows, hidden, patterns = [], [], [], {}
     seen = {}                  # point -> the noise floor's largest error so far (noise_units)
     fold = Fold() if keep == "summary" else None
     for si, st in enumerate(b.steps):
-        if fold is not None:
-            fold.add(si, rows)
-            rows = []
         pos0 = b.first_pos(st)
-        for point in _merged_order(a, b, st.name):
+        step_rows, batch, out = [], {}, []
+        in_a, in_b = _arrays(a, st.name), _arrays(b, st.name)
+        for point in merged_order(a, b, st.name):
             key = f"{st.name}/{point}"
-            pattern = rs.pattern_for(f"{prefix}/{point}")
+            pattern = patterns.get(point)
+            if pattern is None:
+                pattern = patterns[point] = rs.pattern_for(f"{prefix}/{point}")
+            if point not in in_a or point not in in_b:
+                why = a.hidden.get(key) if point not in in_a else b.hidden.get(key)
+                if why is not None:
+                    hidden.append((key, why))
+                    continue
+                side = a.label if point not in in_a else b.label
+                shape = tuple((b if point in in_b else a)[key].shape)
+                step_rows.append(_missing(st.name, point, shape, pattern, rs.rules[pattern],
+                                          f"not traced by {side}"))
+                continue
+            if floor is None and batchable(rs.rules[pattern]):
+                x, y = in_a[point], in_b[point]
+                if eligible(x, y):
+                    batch.setdefault(x.dtype, []).append((len(step_rows), point, x, y, pattern))
+            step_rows.append((point, key, pattern))
+        # every point of the step at once (batch.py); what it leaves, one by one below
+        done = {}
+        for whole in batch.values():
+            for lo, hi in chunks([x.size for _, _, x, _, _ in whole]):
+                group = whole[lo:hi]
+                kept, measured = measure([(x, y) for _, _, x, y, _ in group],
+                                         [rs.rules[p] for *_, p in group], rs.rel_floor)
+                for k, g in enumerate(kept):
+                    i, point, x, _, pattern = group[g]
+                    errs = measured.errors(k)
+                    done[i] = LazyRow(point, max(errs), (_batch_row, measured, k, (
+                        st.name, point, x.shape, x.size, errs, pattern, rs.rules[pattern],
+                        pos0)))
+        for i, row in enumerate(step_rows):
+            if isinstance(row, PointResult):          # not traced by one side
+                out.append(row)
+                continue
+            point, key, pattern = row
             rule = rs.rules[pattern]
-            why = a.hidden.get(key) if key not in a else b.hidden.get(key) if key not in b \
-                else None
-            if why is not None:
-                hidden.append((key, why))
+            row = done.get(i)
+            if row is not None and point != TAIL[-1]:
+                out.append(row if fold is not None else row.build())
                 continue
-            if key not in a or key not in b:
-                side = a.label if key not in a else b.label
-                shape = tuple((b if key in b else a)[key].shape)
-                rows.append(_missing(st.name, point, shape, pattern, rule,
-                                     f"not traced by {side}"))
-                continue
-            fv = floor[key] if floor is not None and key in floor else None
-            if fv is not None and tuple(fv.shape) != tuple(b[key].shape):
-                fv = None                   # the floor cannot judge a point of another shape
-            if fv is None and rule.noise:
-                raise CompareError(f"{key}: rule {pattern!r} ({rule.describe()}) is in noise "
-                                   f"units, and no noise floor holds the point (declare the "
-                                   f"candidate's precision, or use absolute rules)")
-            units = None
-            if fv is not None:              # the floor's running drift at this point
-                drift = noise_units(fv, b[key], 0.0, seen.get(point, 0.0))
-                if drift.numel():
-                    seen[point] = float(drift[-1])
-                units = torch.maximum(drift, noise_units(fv, b[key], unit_eps))
-            row = compare_point(st.name, point, a[key], b[key], pattern, rule, rs.rel_floor,
-                                pos0, fv, units)
-            if point == TAIL[-1] and a[key].shape == b[key].shape:
-                ul = [0.0] * a[key].shape[0] if units is None else units.tolist()
-                res = [compare_logits(st.name, pos0 + j, a[key][j], b[key][j], rule, rs,
-                                      ul[j])
-                       for j in range(a[key].shape[0])]
+            va, vb = a[key], b[key]
+            try:
+                fv, units = floor_at(floor, key, vb, rule, pattern, seen, point, unit_eps)
+            except NoFloorError as e:
+                raise CompareError(str(e)) from None
+            row = compare_point(st.name, point, va, vb, pattern, rule, rs.rel_floor, pos0,
+                                fv, units) if row is None else row.build()
+            if point == TAIL[-1] and va.shape == vb.shape:
+                ul = [0.0] * va.shape[0] if units is None else units.tolist()
+                res = [compare_logits(st.name, pos0 + j, va[j], vb[j], rule, rs, ul[j])
+                       for j in range(va.shape[0])]
                 logit_rows += res
                 bad = [r for r in res if not r.passed]
                 if bad and row.passed:        # only a looser custom rule lets this happen
                     row = _with(row, False, bad[0].pos,
                                 f"argmax/top-k/KL check failed at position {bad[0].pos}")
-            rows.append(row)
+            out.append(row)
+        if fold is not None:
+            fold.add(si, out)           # while the step's values are still held
+        else:
+            rows += out
     cmp = Comparison(rows, logit_rows, rs, prefix, a_label or a.label, b_label or b.label,
                      list(b.steps), hidden, floor_label=None if floor is None else floor.label)
     if fold is not None:
-        fold.add(len(b.steps), rows)
         fold.finish(cmp)
     return cmp
+
+
+def _batch_row(measured, k, step, point, shape, numel, errs, pattern, rule, pos0):
+    return _result(step, point, shape, numel, measured.metrics(k), errs, measured.bad[k],
+                   pattern, rule, pos0)
+
+
+def _arrays(ladder: Ladder, step: str) -> dict:
+    """point -> its values in `step` as a numpy array without a copy (None: not one
+    batch.py takes); read from a file, views of the step's bytes."""
+    values = ladder.values
+    if hasattr(values, "step_arrays"):
+        return values.step_arrays(step)
+    return {p: as_array(values[f"{step}/{p}"]) for p in ladder.points(step)}
 
 
 def _with(row: PointResult, passed: bool, first_bad, note: str) -> PointResult:
     from dataclasses import replace
     return replace(row, passed=passed, first_bad_pos=first_bad, note=note)
-
-
-def first_bit_difference(a: Ladder, b: Ladder):
-    """(step, point, absolute position) of the first value that is not bit-identical, in
-    `b`'s ladder order; None when the ladders are equal bit for bit. The oracle for
-    "where does a change first show" that involves no tolerance at all."""
-    for st in b.steps:
-        for point in _merged_order(a, b, st.name):
-            key = f"{st.name}/{point}"
-            if (key not in a and key in a.hidden) or (key not in b and key in b.hidden):
-                continue                                 # fused away on one side
-            if key not in a or key not in b or a[key].shape != b[key].shape:
-                return st.name, point, st.pos
-            for j in range(a[key].shape[0]):
-                if not torch.equal(a[key][j], b[key][j]):
-                    return st.name, point, st.pos + j
-    return None

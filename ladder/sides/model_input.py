@@ -11,7 +11,7 @@ import torch
 
 from ladder.sides import fixtures
 
-DEFAULT_PROMPT, DEFAULT_STEPS = 6, 12
+from ladder.sides.defaults import DEFAULT_PROMPT, DEFAULT_STEPS  # noqa: F401  (re-exported)
 
 
 class LadderInputError(ValueError):

@@ -1,0 +1,192 @@
+"""Every point of one step measured in a few passes over the step's values laid end to end.
+
+A long comparison is ~10^5 points of a few thousand floats each: computed point by point
+(metrics.py, Rule.position_errors) the per-call overhead of numpy and torch is ~1 ms a point,
+far more than the arithmetic. Here the values of a step's points are concatenated once and
+every statistic is a segmented reduction (`ufunc.reduceat`) over the whole step.
+
+The results must equal the per-point path bit for bit, so only reductions whose value does not
+depend on the order of summation are segmented (max, counts); the three dot products behind
+cosine and SQNR are the same BLAS calls on the same contiguous float64 slices as metrics.py
+makes. A rule error per position, max_i(d_i / c) with c the position's allowance, is taken as
+max_i(d_i) / c: IEEE division by a positive constant is monotonic, so the two are equal.
+
+Points this path does not cover (mixed or 16-bit dtypes, exact or p99 or elementwise rules,
+empty shapes, a NaN/Inf anywhere in the point) come back as None: the caller measures them
+point by point, which is what decides those cases.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def batchable(rule) -> bool:
+    """Whether points under `rule` can be measured in the step's batch."""
+    return not rule.exact and rule.stat == "max" and rule.scale == "maxabs"
+
+
+def as_array(t):
+    """A tensor's values as a numpy array without a copy, or None where the batch cannot
+    take it (a 16-bit or integer dtype, a device, a graph)."""
+    if t.device.type != "cpu" or t.requires_grad or t.dtype not in (torch.float32,
+                                                                    torch.float64):
+        return None
+    return t.numpy()
+
+
+def eligible(x, y) -> bool:
+    """Whether this pair of arrays (as_array) can be measured in the step's batch."""
+    return (x is not None and y is not None and x.dtype == y.dtype and x.dtype in _FLOATS
+            and x.shape == y.shape and x.ndim >= 1 and x.size > 0)
+
+
+def _ordered(bits: np.ndarray, wide: bool) -> np.ndarray:
+    """Float bits as int64 integers that count ULPs monotonically across zero (metrics.py):
+    a negative pattern i (sign-extended) maps to -(i & mask) = -2^31 - i for float32."""
+    if not wide:
+        i = bits.astype(np.int64)
+        return np.where(i < 0, -(1 << 31) - i, i)
+    i = bits.astype(np.int64)
+    return np.where(i < 0, -(i & 0x7FFFFFFFFFFFFFFF), i)
+
+
+def _ulp_elements(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Per-element ULP distance as float64, equal to metrics._ulps before its max."""
+    if A.dtype == np.float32:
+        # every float32 pattern fits int32, so the distance (< 2^32) is exact in int64 for
+        # pairs on either side of zero alike
+        d = _ordered(A.view(np.int32), False)
+        d -= _ordered(B.view(np.int32), False)
+        np.abs(d, out=d)
+        return d.astype(np.float64)
+    ia, ib = _ordered(A.view(np.int64), True), _ordered(B.view(np.int64), True)
+    same = (ia >= 0) == (ib >= 0)
+    with np.errstate(over="ignore"):
+        return np.where(same, np.abs(np.where(same, ia - ib, 0)).astype(np.float64),
+                        np.abs(ia).astype(np.float64) + np.abs(ib).astype(np.float64))
+
+
+# Elements a measure call takes at most: its float64 temporaries (~8 arrays of this length)
+# stay ~16 MB whatever the step's size, as a streamed comparison's memory must
+CHUNK = 1 << 18
+
+
+def chunks(sizes: list, limit: int | None = None):
+    """(first, end) index ranges of consecutive points, each of at most `limit` (CHUNK)
+    elements (a point larger than that on its own)."""
+    limit = CHUNK if limit is None else limit
+    lo, total = 0, 0
+    for i, n in enumerate(sizes):
+        if total and total + n > limit:
+            yield lo, i
+            lo, total = i, 0
+        total += n
+    if lo < len(sizes):
+        yield lo, len(sizes)
+
+
+def measure(pairs: list, rules: list, rel_floor: float) -> list:
+    """pairs: [(x, y)] numpy arrays of one dtype, each pair `eligible`, its rule in `rules`
+    `batchable`. Returns (the indices of the pairs measured, their Measured in that order):
+    a pair holding a NaN/Inf is left out, for the caller to measure point by point."""
+    if not pairs:
+        return [], None
+    sizes = np.fromiter((x.size for x, _ in pairs), np.int64, len(pairs))
+    S = np.fromiter((x.shape[0] for x, _ in pairs), np.int64, len(pairs))
+    A = np.concatenate([x.reshape(-1) for x, _ in pairs])
+    B = np.concatenate([y.reshape(-1) for _, y in pairs])
+    finite = np.isfinite(A)
+    finite &= np.isfinite(B)
+    starts = np.zeros(len(pairs), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    if not finite.all():
+        ok = np.logical_and.reduceat(finite, starts)
+        keep = [i for i in range(len(pairs)) if ok[i]]
+        return keep, measure([pairs[i] for i in keep], [rules[i] for i in keep], rel_floor)[1]
+    del finite
+    wide = A.dtype == np.float64
+    A64, B64 = (A, B) if wide else (A.astype(np.float64), B.astype(np.float64))
+    D = np.subtract(A64, B64)
+    np.abs(D, out=D)
+    AB = np.abs(B64)
+    # position j of point i starts at starts[i] + j * width_i
+    width = sizes // S
+    pos_first = np.zeros(len(pairs), dtype=np.int64)        # index of a point's position 0
+    np.cumsum(S[:-1], out=pos_first[1:])
+    within = np.arange(int(S.sum()), dtype=np.int64) - np.repeat(pos_first, S)
+    pos_starts = np.repeat(starts, S) + within * np.repeat(width, S)
+    pos_d = np.maximum.reduceat(D, pos_starts)
+    pos_b = np.maximum.reduceat(AB, pos_starts)
+    max_abs = np.maximum.reduceat(pos_d, pos_first).tolist()
+    ymax = np.maximum.reduceat(pos_b, pos_first)
+    floor = np.maximum(rel_floor * ymax, 1e-300)
+    rel = np.maximum(AB, np.repeat(floor, sizes))
+    del AB
+    np.divide(D, rel, out=rel)
+    max_rel = np.maximum.reduceat(rel, starts).tolist()
+    del rel
+    ulp = np.maximum.reduceat(_ulp_elements(A, B), starts).tolist()
+    # Rule.allowance and position_ratios' division, position by position, as float64 arrays:
+    # the same IEEE operations in the same order as the scalar and torch forms
+    rt = np.repeat(np.fromiter((r.rtol for r in rules), np.float64, len(rules)), S)
+    at = np.repeat(np.fromiter((r.atol for r in rules), np.float64, len(rules)), S)
+    fl = np.repeat(np.fromiter((r.floor for r in rules), np.float64, len(rules)), S)
+    allow = np.maximum(at + rt * pos_b, fl)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        err = np.where(allow > 0, pos_d / np.maximum(allow, 1e-300),
+                       np.where(pos_d == 0, 0.0, np.inf))
+    bad = np.zeros(len(pairs), dtype=np.int64)
+    owner = np.repeat(np.arange(len(pairs)), S)
+    for k in np.flatnonzero(err > 1).tolist():   # only a failing position has elements over
+        i, c = int(owner[k]), float(allow[k])
+        lo = int(pos_starts[k])
+        dj = D[lo:lo + int(width[i])]
+        bad[i] += int((dj / max(c, 1e-300) > 1).sum()) if c > 0 else int((dj != 0).sum())
+    return list(range(len(pairs))), Measured(pairs, S.tolist(), pos_first.tolist(), max_abs,
+                                             max_rel, ulp, err.tolist(), bad.tolist())
+
+
+class Measured:
+    """The batch's results for a step, per point i. The cosine and SQNR (four dot products
+    a point) are computed when asked for: a streamed comparison keeps a few rows a point,
+    and asks them of those alone."""
+
+    def __init__(self, pairs, S, pos_first, max_abs, max_rel, ulp, err, bad):
+        # the pairs themselves (views of the step's values), not the batch's float64
+        # copies: a kept row widens its own values again, so the batch's memory is freed
+        # when measure returns
+        self._pairs, self._S, self._p0 = pairs, S, pos_first
+        self._max_abs, self._max_rel, self._ulp = max_abs, max_rel, ulp
+        self._err, self.bad = err, bad
+
+    def __len__(self):
+        return len(self._pairs)
+
+    def errors(self, i: int) -> list:
+        """Rule.position_errors of point i."""
+        p0 = self._p0[i]
+        return self._err[p0:p0 + self._S[i]]
+
+    def metrics(self, i: int) -> dict:
+        """metrics.metrics of point i."""
+        a, b = self._pairs[i]
+        # the BLAS call metrics.py's `@` makes, on the same 1-D float64 values
+        x, y, dot = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64), np.dot
+        d = np.subtract(x, y)
+        np.abs(d, out=d)
+        xx, yy = float(dot(x, x)), float(dot(y, y))
+        na, nb = math.sqrt(xx), math.sqrt(yy)
+        if na == 0 or nb == 0:
+            cosine = 1.0 if na == nb else 0.0
+        else:               # clamped: rounding can carry a near-parallel pair past 1
+            cosine = min(1.0, max(-1.0, float(dot(x, y)) / (na * nb)))
+        noise = float(dot(d, d))
+        sqnr = math.inf if noise == 0 else (-math.inf if yy == 0
+                                            else 10 * math.log10(yy / noise))
+        return dict(nan_a=0, nan_b=0, inf_a=0, inf_b=0, max_abs=self._max_abs[i],
+                    max_rel=self._max_rel[i], ulp=self._ulp[i], cosine=cosine, sqnr_db=sqnr)
