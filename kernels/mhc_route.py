@@ -23,6 +23,10 @@ any strided view (the first layer's lanes are one row expanded n times): the ker
 through its strides, so no copy is launched. Results come back as views of one buffer. The
 kernel computes u twice when gated (once for the dot products that make alpha, once for bx),
 by the same code, rather than reading back its own stores.
+
+r, X, ek and ev may be bfloat16 or float16 (kernels/narrow.py): the arithmetic stays float32
+and each result is rounded once to their dtype on the store (bx from u and alpha before their
+rounding, as registers hold them).
 """
 from __future__ import annotations
 
@@ -30,12 +34,15 @@ import math
 
 import torch
 
+from .narrow import act_code, act_of, is_act, narrow_torch, wide
+
 EPS = 1e-6
 MAX_LANES = 16          # the n x n matrix must fit one program's registers
 
 try:
     import triton
     import triton.language as tl
+    from .narrow import narrow
 except ImportError:                        # pragma: no cover
     triton = None
 
@@ -45,14 +52,15 @@ class MhcRouteError(ValueError):
 
 
 def _check(r, X, a_pre, b_pre, a_post, b_post, a_res, b_res, iters):
-    if X.dim() != 2 or X.dtype != torch.float32:
-        raise MhcRouteError(f"X must be float32 [n, d], got {X.dtype} {list(X.shape)}")
+    if X.dim() != 2 or not is_act(X):
+        raise MhcRouteError(f"X must be float32 [n, d] (or bfloat16/float16), got {X.dtype} "
+                            f"{list(X.shape)}")
     n = X.shape[0]
     if not 1 <= n <= MAX_LANES:
         raise MhcRouteError(f"n={n} lanes outside 1..{MAX_LANES}")
-    if r.dim() != 1 or r.shape[0] != 2 * n + n * n or r.dtype != torch.float32:
-        raise MhcRouteError(f"r must be float32 [2n + n*n] = [{2 * n + n * n}], got "
-                            f"{r.dtype} {list(r.shape)}")
+    if r.dim() != 1 or r.shape[0] != 2 * n + n * n or r.dtype not in (torch.float32, X.dtype):
+        raise MhcRouteError(f"r must be float32 [2n + n*n] = [{2 * n + n * n}] (or X's dtype), "
+                            f"got {r.dtype} {list(r.shape)}")
     for name, t, shape in (("a_pre", a_pre, ()), ("a_post", a_post, ()), ("a_res", a_res, ()),
                            ("b_pre", b_pre, (n,)), ("b_post", b_post, (n,)),
                            ("b_res", b_res, (n, n))):
@@ -69,9 +77,9 @@ def _check_gate(ek, ev, d):
                             f"at all; got ek={'None' if ek is None else 'a tensor'}, "
                             f"ev={'None' if ev is None else 'a tensor'}")
     for name, t in (("ek", ek), ("ev", ev)):
-        if t is not None and (tuple(t.shape) != (d,) or t.dtype != torch.float32):
-            raise MhcRouteError(f"{name} must be float32 [d={d}], got {t.dtype} "
-                                f"{list(t.shape)}")
+        if t is not None and (tuple(t.shape) != (d,) or not is_act(t)):
+            raise MhcRouteError(f"{name} must be float32 [d={d}] (or bfloat16/float16), got "
+                                f"{t.dtype} {list(t.shape)}")
 
 
 def _unit_rms(x):
@@ -84,6 +92,12 @@ def mhc_route_torch(r, X, a_pre, b_pre, a_post, b_post, a_res, b_res, iters: int
     order; without ek/ev, alpha is None and bx is u."""
     _check(r, X, a_pre, b_pre, a_post, b_post, a_res, b_res, iters)
     _check_gate(ek, ev, X.shape[1])
+    act = act_of(r, X, ek, ev)
+    if act != torch.float32:
+        outs = mhc_route_torch(*(wide(t) for t in (r, X)), a_pre, b_pre, a_post, b_post, a_res,
+                               b_res, iters, ek=None if ek is None else wide(ek),
+                               ev=None if ev is None else wide(ev))
+        return tuple(None if t is None else narrow_torch(t, act) for t in outs)
     n = X.shape[0]
     hpre = torch.sigmoid(a_pre * r[:n] + b_pre)
     u = hpre @ X
@@ -114,26 +128,26 @@ if triton is not None:
     def _mhc_route_kernel(r_ptr, x_ptr, apre_ptr, bpre_ptr, apost_ptr, bpost_ptr, ares_ptr,
                           bres_ptr, ek_ptr, ev_ptr, out_ptr, n, d, sx0, sx1, sek, sev, eps,
                           inv_sqrt_d, ITERS: tl.constexpr, N: tl.constexpr,
-                          BLOCK_D: tl.constexpr, HAS_GATE: tl.constexpr):
+                          BLOCK_D: tl.constexpr, HAS_GATE: tl.constexpr, ACT: tl.constexpr):
         i = tl.arange(0, N)
         lane = i < n
         hpre = tl.sigmoid(tl.load(apre_ptr) * tl.load(r_ptr + i, mask=lane, other=0.0)
-                          + tl.load(bpre_ptr + i, mask=lane, other=0.0))
+                          .to(tl.float32) + tl.load(bpre_ptr + i, mask=lane, other=0.0))
         hpre = tl.where(lane, hpre, 0.0)
         hpost = 2.0 * tl.sigmoid(tl.load(apost_ptr) * tl.load(r_ptr + n + i, mask=lane, other=0.0)
-                                 + tl.load(bpost_ptr + i, mask=lane, other=0.0))
-        tl.store(out_ptr + i, hpre, mask=lane)
-        tl.store(out_ptr + n + i, hpost, mask=lane)
+                                 .to(tl.float32) + tl.load(bpost_ptr + i, mask=lane, other=0.0))
+        tl.store(out_ptr + i, narrow(hpre, ACT), mask=lane)
+        tl.store(out_ptr + n + i, narrow(hpost, ACT), mask=lane)
 
         rc = i[:, None] * n + i[None, :]
         valid = lane[:, None] & lane[None, :]
-        z = (tl.load(ares_ptr) * tl.load(r_ptr + 2 * n + rc, mask=valid, other=0.0)
+        z = (tl.load(ares_ptr) * tl.load(r_ptr + 2 * n + rc, mask=valid, other=0.0).to(tl.float32)
              + tl.load(bres_ptr + rc, mask=valid, other=0.0))
         z = tl.where(valid, z, float("-inf"))
         for _ in tl.static_range(ITERS):
             z = _lse_rows_out(z, valid)                                  # rows
             z = tl.trans(_lse_rows_out(tl.trans(z), tl.trans(valid)))    # columns
-        tl.store(out_ptr + 2 * n + rc, tl.exp(z), mask=valid)
+        tl.store(out_ptr + 2 * n + rc, narrow(tl.exp(z), ACT), mask=valid)
 
         base = out_ptr + 2 * n + n * n
         uu = tl.zeros((BLOCK_D,), tl.float32)
@@ -142,9 +156,9 @@ if triton is not None:
         for d0 in range(0, d, BLOCK_D):
             j = d0 + tl.arange(0, BLOCK_D)
             u = _lane_mix(x_ptr, hpre, i, lane, j, d, sx0, sx1)
-            tl.store(base + j, u, mask=j < d)
+            tl.store(base + j, narrow(u, ACT), mask=j < d)
             if HAS_GATE:
-                ek = tl.load(ek_ptr + j * sek, mask=j < d, other=0.0)
+                ek = tl.load(ek_ptr + j * sek, mask=j < d, other=0.0).to(tl.float32)
                 uu += u * u
                 ee += ek * ek
                 ue += u * ek
@@ -152,18 +166,18 @@ if triton is not None:
             ru = 1.0 / tl.sqrt(tl.sum(uu, 0) / d + eps)
             re = 1.0 / tl.sqrt(tl.sum(ee, 0) / d + eps)
             alpha = tl.sigmoid(tl.sum(ue, 0) * ru * re * inv_sqrt_d)
-            tl.store(base + d, alpha)
+            tl.store(base + d, narrow(alpha, ACT))
             for d0 in range(0, d, BLOCK_D):
                 j = d0 + tl.arange(0, BLOCK_D)
                 u = _lane_mix(x_ptr, hpre, i, lane, j, d, sx0, sx1)     # the bits stored above
-                ev = tl.load(ev_ptr + j * sev, mask=j < d, other=0.0)
-                tl.store(base + d + 1 + j, u + alpha * ev, mask=j < d)
+                ev = tl.load(ev_ptr + j * sev, mask=j < d, other=0.0).to(tl.float32)
+                tl.store(base + d + 1 + j, narrow(u + alpha * ev, ACT), mask=j < d)
 
     @triton.jit
     def _lane_mix(x_ptr, hpre, i, lane, j, d, sx0, sx1):
         """u[j] = Σ_i hpre[i] · X[i, j] for one tile of columns j."""
         x = tl.load(x_ptr + i[:, None] * sx0 + j[None, :] * sx1,
-                    mask=lane[:, None] & (j[None, :] < d), other=0.0)
+                    mask=lane[:, None] & (j[None, :] < d), other=0.0).to(tl.float32)
         return tl.sum(hpre[:, None] * x, 0)
 
 
@@ -175,14 +189,16 @@ def mhc_route_triton(r, X, a_pre, b_pre, a_post, b_post, a_res, b_res, iters: in
     n, d = X.shape
     _check_gate(ek, ev, d)
     gated = ek is not None
+    act = act_of(r, X, ek, ev)
     base = 2 * n + n * n                 # [hpre | hpost | P | u | alpha | bx], the last two gated
-    out = torch.empty(base + d + (1 + d if gated else 0), dtype=torch.float32, device=X.device)
+    out = torch.empty(base + d + (1 + d if gated else 0), dtype=act, device=X.device)
     r, b_pre, b_post, b_res = (t.contiguous() for t in (r, b_pre, b_post, b_res))  # no-ops
     ek_t, ev_t = (ek, ev) if gated else (out, out)                  # unread without a gate
     _mhc_route_kernel[(1,)](r, X, a_pre, b_pre, a_post, b_post, a_res, b_res, ek_t, ev_t, out,
                             n, d, X.stride(0), X.stride(1), ek_t.stride(0), ev_t.stride(0),
                             EPS, 1.0 / math.sqrt(d), ITERS=iters,
-                            N=triton.next_power_of_2(n), BLOCK_D=block_d, HAS_GATE=gated)
+                            N=triton.next_power_of_2(n), BLOCK_D=block_d, HAS_GATE=gated,
+                            ACT=act_code(act))
     u = out[base:base + d]
     alpha, bx = (out[base + d], out[base + d + 1:]) if gated else (None, u)
     return out[:n], u, out[n:2 * n], out[2 * n:base].view(n, n), alpha, bx

@@ -11,14 +11,21 @@ cos/sin the rows of the tables at the position. The position and the ring slot a
 int64 device buffers [1] (the graph body's static buffers), never on the host: capturable.
 Returns q [H, hd], k [KV, hd], v [KV, hd], gate [H·hd] as views of one buffer laid out as the
 input (q | k | v | gate).
+
+qkvg and the rings may be bfloat16 or float16 (kernels/narrow.py): the norms, RoPE and sigmoid
+run in float32 and each result is rounded once to qkvg's dtype, the ring receiving the rounded k
+and v that the outputs hold.
 """
 from __future__ import annotations
 
 import torch
 
+from .narrow import act_code, is_act, narrow_torch, wide
+
 try:
     import triton
     import triton.language as tl
+    from .narrow import narrow
 except ImportError:                        # pragma: no cover
     triton = None
 
@@ -28,17 +35,19 @@ class QkRopeRingError(ValueError):
 
 
 def _check(qkvg, qn, kn, cos, sin, pos, slot, k_ring, v_ring, H, KV):
-    if k_ring.dim() != 3 or k_ring.shape != v_ring.shape or k_ring.dtype != torch.float32:
-        raise QkRopeRingError(f"k_ring/v_ring must be equal float32 [KV, R, hd], got "
-                              f"{list(k_ring.shape)}, {list(v_ring.shape)}")
+    if (k_ring.dim() != 3 or k_ring.shape != v_ring.shape or not is_act(k_ring)
+            or v_ring.dtype != k_ring.dtype):
+        raise QkRopeRingError(f"k_ring/v_ring must be equal float32 [KV, R, hd] (or both "
+                              f"bfloat16/float16), got {list(k_ring.shape)}, "
+                              f"{list(v_ring.shape)}")
     kv, _, hd = k_ring.shape
     if kv != KV or H < 1 or H % KV or hd % 2:
         raise QkRopeRingError(f"H={H}, KV={KV}, ring heads {kv}, hd={hd}: need KV = ring heads,"
                               f" H a multiple of KV, hd even")
     n = 2 * H * hd + 2 * KV * hd
-    if qkvg.shape != (n,) or qkvg.dtype != torch.float32:
-        raise QkRopeRingError(f"qkvg must be float32 [2·H·hd + 2·KV·hd] = [{n}], got "
-                              f"{qkvg.dtype} {list(qkvg.shape)}")
+    if qkvg.shape != (n,) or not is_act(qkvg):
+        raise QkRopeRingError(f"qkvg must be float32 [2·H·hd + 2·KV·hd] = [{n}] (or "
+                              f"bfloat16/float16), got {qkvg.dtype} {list(qkvg.shape)}")
     for name, t in (("qn", qn), ("kn", kn)):
         if t.shape != (hd,) or t.dtype != torch.float32:
             raise QkRopeRingError(f"{name} must be float32 [{hd}], got {list(t.shape)}")
@@ -66,13 +75,16 @@ def qk_rope_ring_torch(qkvg, qn, kn, cos, sin, pos, slot, k_ring, v_ring, H: int
                        eps: float = 1e-6):
     hd = _check(qkvg, qn, kn, cos, sin, pos, slot, k_ring, v_ring, H, KV)
     attn, kvd = H * hd, KV * hd
+    act, qkvg = qkvg.dtype, wide(qkvg)
     c, s = cos.index_select(0, pos), sin.index_select(0, pos)          # [1, hd/2]
     q = _rope(_zc(qkvg[:attn].view(H, hd), qn, eps), c, s)
     k = _rope(_zc(qkvg[attn:attn + kvd].view(KV, hd), kn, eps), c, s)
     v = qkvg[attn + kvd:attn + 2 * kvd].view(KV, hd)
     gate = torch.sigmoid(qkvg[attn + 2 * kvd:])
-    k_ring.index_copy_(1, slot, k[:, None, :])
-    v_ring.index_copy_(1, slot, v[:, None, :])
+    if act != torch.float32:
+        q, k, v, gate = (narrow_torch(t, act) for t in (q, k, v, gate))
+    k_ring.index_copy_(1, slot, k[:, None, :].to(k_ring.dtype))
+    v_ring.index_copy_(1, slot, v[:, None, :].to(v_ring.dtype))
     out = torch.cat([q.reshape(-1), k.reshape(-1), v.reshape(-1), gate])
     return _views(out, H, KV, hd)
 
@@ -86,23 +98,25 @@ def _views(out, H, KV, hd):
 if triton is not None:
     @triton.jit
     def _norm_rope(x_ptr, g_ptr, heads, hd, half, c, s, eps, HP: tl.constexpr,
-                   HALFP: tl.constexpr):
-        """Rows 0..heads-1 of x [heads, hd]: zc over each row, then rotate-half RoPE."""
+                   HALFP: tl.constexpr, ACT: tl.constexpr):
+        """Rows 0..heads-1 of x [heads, hd]: zc over each row, then rotate-half RoPE, rounded
+        to the activation dtype."""
         h = tl.arange(0, HP)[:, None]
         j = tl.arange(0, HALFP)[None, :]
         m = (h < heads) & (j < half)
-        a = tl.load(x_ptr + h * hd + j, mask=m, other=0.0)
-        b = tl.load(x_ptr + h * hd + half + j, mask=m, other=0.0)
+        a = tl.load(x_ptr + h * hd + j, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(x_ptr + h * hd + half + j, mask=m, other=0.0).to(tl.float32)
         ms = (tl.sum(a * a, 1) + tl.sum(b * b, 1)) / hd + eps
         r = tl.sqrt(ms)[:, None]
         a = (1.0 + tl.load(g_ptr + j, mask=j < half, other=0.0)) * a / r
         b = (1.0 + tl.load(g_ptr + half + j, mask=j < half, other=0.0)) * b / r
-        return a * c - b * s, b * c + a * s, h, j, m
+        return narrow(a * c - b * s, ACT), narrow(b * c + a * s, ACT), h, j, m
 
     @triton.jit
     def _qk_rope_ring_kernel(x_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
                              kr_ptr, vr_ptr, out_ptr, H, KV, hd, half, sr0, sr1, sr2, eps,
-                             HP: tl.constexpr, HALFP: tl.constexpr, BLOCK_G: tl.constexpr):
+                             HP: tl.constexpr, HALFP: tl.constexpr, BLOCK_G: tl.constexpr,
+                             ACT: tl.constexpr):
         pos = tl.load(pos_ptr)
         slot = tl.load(slot_ptr)
         jj = tl.arange(0, HALFP)[None, :]
@@ -110,11 +124,12 @@ if triton is not None:
         s = tl.load(sin_ptr + pos * half + jj, mask=jj < half, other=0.0)
         attn, kvd = H * hd, KV * hd
 
-        a, b, h, j, m = _norm_rope(x_ptr, qn_ptr, H, hd, half, c, s, eps, HP, HALFP)
+        a, b, h, j, m = _norm_rope(x_ptr, qn_ptr, H, hd, half, c, s, eps, HP, HALFP, ACT)
         tl.store(out_ptr + h * hd + j, a, mask=m)
         tl.store(out_ptr + h * hd + half + j, b, mask=m)
 
-        a, b, h, j, m = _norm_rope(x_ptr + attn, kn_ptr, KV, hd, half, c, s, eps, HP, HALFP)
+        a, b, h, j, m = _norm_rope(x_ptr + attn, kn_ptr, KV, hd, half, c, s, eps, HP, HALFP,
+                                   ACT)
         tl.store(out_ptr + attn + h * hd + j, a, mask=m)
         tl.store(out_ptr + attn + h * hd + half + j, b, mask=m)
         ring = h * sr0 + slot * sr1
@@ -132,7 +147,8 @@ if triton is not None:
         for g0 in range(0, attn, BLOCK_G):
             g = g0 + tl.arange(0, BLOCK_G)
             x = tl.load(x_ptr + base + g, mask=g < attn, other=0.0)
-            tl.store(out_ptr + base + g, tl.sigmoid(x), mask=g < attn)
+            tl.store(out_ptr + base + g, narrow(tl.sigmoid(x.to(tl.float32)), ACT),
+                     mask=g < attn)
 
 
 def qk_rope_ring_triton(qkvg, qn, kn, cos, sin, pos, slot, k_ring, v_ring, H: int, KV: int,
@@ -148,5 +164,5 @@ def qk_rope_ring_triton(qkvg, qn, kn, cos, sin, pos, slot, k_ring, v_ring, H: in
     _qk_rope_ring_kernel[(1,)](
         qkvg, qn, kn, cos, sin, pos, slot, k_ring, v_ring, out, H, KV, hd, hd // 2,
         *k_ring.stride(), eps, HP=triton.next_power_of_2(H),
-        HALFP=triton.next_power_of_2(hd // 2), BLOCK_G=256)
+        HALFP=triton.next_power_of_2(hd // 2), BLOCK_G=256, ACT=act_code(qkvg.dtype))
     return _views(out, H, KV, hd)

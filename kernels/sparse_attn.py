@@ -11,6 +11,9 @@ running (max, sum, accumulator) unchanged bit for bit (rescale factor exp(0) = 1
 and padding the caller adds only appends such tiles or fills absent lanes the implementation
 would have masked anyway: appending `-1` entries changes no bit of the result. That is what lets
 a graph-captured decode step use one fixed selection width for every position.
+
+q, k_rows and v_rows may be bfloat16 or float16 (kernels/narrow.py): the scores, softmax and
+accumulator stay float32 and the output is rounded once to q's dtype (the twin likewise).
 """
 from __future__ import annotations
 
@@ -18,11 +21,14 @@ import math
 
 import torch
 
+from .narrow import ACT_DTYPES, act_code, narrow_torch, wide
+
 BLOCK = 16
 
 try:                                       # the torch twin works without Triton
     import triton
     import triton.language as tl
+    from .narrow import narrow
 except ImportError:                        # pragma: no cover - platforms without wheels
     triton = None
 
@@ -56,15 +62,17 @@ def _padded(idx, block: int):
 
 
 def _unit_rows(x):
-    """float32 with unit stride along the last dim; copied only when it is not (the kernel
-    takes the other strides as arguments)."""
-    x = x.to(torch.float32)
+    """An activation dtype (float32 otherwise) with unit stride along the last dim; copied only
+    when it is not (the kernel takes the other strides as arguments)."""
+    x = x if x.dtype in ACT_DTYPES else x.to(torch.float32)
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def sparse_attn_torch(q, k_rows, v_rows, idx, scale: float, sink=None, block: int = BLOCK):
     """The torch twin. Rows of idx >= N are the caller's bug and raise IndexError."""
     _check(q, k_rows, v_rows, idx, sink)
+    act = q.dtype if q.dtype in ACT_DTYPES[1:] else None
+    q, k_rows, v_rows = (wide(t) if act else t for t in (q, k_rows, v_rows))
     T, H, D = q.shape
     KV = k_rows.shape[1]
     idx = _padded(idx, block)
@@ -93,7 +101,7 @@ def sparse_attn_torch(q, k_rows, v_rows, idx, scale: float, sink=None, block: in
         l = l * r + torch.exp(sk - top)
         acc = acc * r[..., None]
     o = torch.where(l[..., None] > 0, acc / torch.where(l > 0, l, 1.0)[..., None], 0.0)
-    return o.reshape(T, H, D)
+    return o.reshape(T, H, D) if act is None else narrow_torch(o.reshape(T, H, D), act)
 
 
 if triton is not None:
@@ -101,13 +109,13 @@ if triton is not None:
     def _sparse_attn_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, sink_ptr, o_ptr, K, scale,
                             s_qt, s_qh, s_kn, s_kg, s_it, s_ot, s_oh,
                             REP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_K: tl.constexpr, HAS_SINK: tl.constexpr):
+                            BLOCK_K: tl.constexpr, HAS_SINK: tl.constexpr, ACT: tl.constexpr):
         t = tl.program_id(0)
         h = tl.program_id(1)
         g = h // REP
         d = tl.arange(0, BLOCK_D)
         dmask = d < D
-        q = tl.load(q_ptr + t * s_qt + h * s_qh + d, mask=dmask, other=0.0)
+        q = tl.load(q_ptr + t * s_qt + h * s_qh + d, mask=dmask, other=0.0).to(tl.float32)
         m = tl.full((), float("-inf"), tl.float32)
         l = tl.zeros((), tl.float32)
         acc = tl.zeros((BLOCK_D,), tl.float32)
@@ -119,8 +127,8 @@ if triton is not None:
             jj = tl.where(valid, j, 0)
             rows = jj[:, None] * s_kn + g * s_kg + d[None, :]
             lmask = valid[:, None] & dmask[None, :]
-            kb = tl.load(k_ptr + rows, mask=lmask, other=0.0)
-            vb = tl.load(v_ptr + rows, mask=lmask, other=0.0)
+            kb = tl.load(k_ptr + rows, mask=lmask, other=0.0).to(tl.float32)
+            vb = tl.load(v_ptr + rows, mask=lmask, other=0.0).to(tl.float32)
             s = tl.sum(kb * q[None, :], axis=1) * scale
             s = tl.where(valid, s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=0))
@@ -137,12 +145,13 @@ if triton is not None:
             l = l * r + tl.exp(sk - top)
             acc = acc * r
         o = tl.where(l > 0, acc / tl.where(l > 0, l, 1.0), 0.0)
-        tl.store(o_ptr + t * s_ot + h * s_oh + d, o, mask=dmask)
+        tl.store(o_ptr + t * s_ot + h * s_oh + d, narrow(o, ACT), mask=dmask)
 
 
 def sparse_attn_triton(q, k_rows, v_rows, idx, scale: float, sink=None, block: int = BLOCK):
-    """The Triton kernel: one program per (query, head). float32 in and out. Inputs already
-    float32 with unit last-dim stride (k_rows and v_rows sharing strides, e.g. ring views
+    """The Triton kernel: one program per (query, head); the output in q's dtype (float32,
+    bfloat16 or float16), float32 for any other. Inputs already in such a dtype with unit
+    last-dim stride (k_rows and v_rows sharing strides, e.g. ring views
     [R, KV, hd] of [KV, R, hd]) and a tile-aligned int64 idx launch nothing but the kernel."""
     if triton is None:
         raise RuntimeError("Triton is not installed on this platform")
@@ -153,7 +162,7 @@ def sparse_attn_triton(q, k_rows, v_rows, idx, scale: float, sink=None, block: i
         k_rows, v_rows = k_rows.contiguous(), v_rows.contiguous()
     idx = _padded(idx, block)
     idx = idx if idx.stride(1) == 1 else idx.contiguous()
-    out = torch.empty(T, H, D, dtype=torch.float32, device=q.device)
+    out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
     has_sink = sink is not None
     sink_t = sink.to(torch.float32).contiguous() if has_sink else q   # unused when no sink
     _sparse_attn_kernel[(T, H)](q, k_rows, v_rows, idx, sink_t, out, idx.shape[1], float(scale),
@@ -161,7 +170,7 @@ def sparse_attn_triton(q, k_rows, v_rows, idx, scale: float, sink=None, block: i
                                 idx.stride(0), out.stride(0), out.stride(1),
                                 REP=H // k_rows.shape[1], D=D,
                                 BLOCK_D=triton.next_power_of_2(D), BLOCK_K=block,
-                                HAS_SINK=has_sink)
+                                HAS_SINK=has_sink, ACT=act_code(q.dtype))
     return out
 
 

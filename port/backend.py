@@ -49,11 +49,18 @@ class TorchBackend:
     contiguous_logits = False       # the step writes a contiguous [vocab] buffer only
     capture_table = None            # the C step's capture points (checked by the ladder)
     hidden_points: dict = {}        # points a decode step cannot show -> the kernel holding them
+    state_dtype = None              # a 16-bit ring and lanes (V2State act_dtype), or float32
 
     @classmethod
     def runs_torch_body(cls, decode: str) -> bool:
         """Do this backend's decode steps run DecodeGraph.torch_body under `decode`?"""
         return decode == "graph"
+
+    @classmethod
+    def runs_precision(cls, prec, decode: str) -> bool:
+        """Can this backend compute at `prec` (port/precision.py PortPrecision) under `decode`?
+        The eager torch ops round at every store, any precision; the graph body is float32."""
+        return prec.is_float32 or decode == "eager"
 
     def __init__(self, model, decode: str = "eager"):
         self.model, self.decode = model, decode
@@ -99,8 +106,9 @@ class TorchBackend:
         model, cfg = self.model, self.model.cfg
         if engram is None:
             engram = model.engram(state.clone(), pos, 1)
-        eng = [(k.reshape(1, -1).to(state.k), v.reshape(1, -1).to(state.k)) for k, v in engram]
-        X = lanes.reshape(1, cfg.mhc_lanes, cfg.d_model).to(state.k)
+        f32 = dict(device=state.k.device, dtype=torch.float32)   # the eager ops' dtype
+        eng = [(k.reshape(1, -1).to(**f32), v.reshape(1, -1).to(**f32)) for k, v in engram]
+        X = lanes.reshape(1, cfg.mhc_lanes, cfg.d_model).to(**f32)
         if pos and not prefill and self.uses_body(state):
             rt = state.attn_runtime(model)        # as the decode body runs a layer
             rt.invalidate_decode_uploads()
@@ -129,11 +137,18 @@ class TritonBackend(TorchBackend):
     def runs_torch_body(cls, decode: str) -> bool:
         return False
 
+    @classmethod
+    def runs_precision(cls, prec, decode: str) -> bool:
+        # The fused body (eager or graph) holds its ring in the activation dtype: no int8 cache.
+        return prec.is_float32 or prec.kv == prec.activations
+
     def __init__(self, model, decode: str = "eager"):
         super().__init__(model, decode)
         self.runs_body = True
         from .fused import FusedBody
         model.fused = FusedBody(model)
+        act = model.fused.act
+        self.state_dtype = None if act == torch.float32 else act
 
     @property
     def hidden_points(self) -> dict:
@@ -147,8 +162,13 @@ class TritonBackend(TorchBackend):
         return attn.sparse_attn_triton(q, k_rows, v_rows, sel, scale)
 
     def body_layer(self, i: int, X, eng, state, rt, trace):
-        return self.model.fused.layer(i, X[0], [(k[0], v[0]) for k, v in eng], state, rt,
-                                      trace=trace)
+        """One fused layer on lanes and Engram rows in the body's activation dtype; the new
+        lanes come back float32 (exact), as the eager layer's do."""
+        fb = self.model.fused
+        act = fb.act
+        out = fb.layer(i, X[0].to(act), [(k[0].to(act), v[0].to(act)) for k, v in eng], state,
+                       rt, trace=fb.widened(trace))
+        return out.float()
 
 
 class NativeBackend:
@@ -158,11 +178,16 @@ class NativeBackend:
     native = True
     reads_codes = True
     runs_body = False
+    state_dtype = None              # float32 throughout
     traces_body = False
     traces_batch = False            # the C step captures a call's first row only
     contiguous_logits = True
     hidden_points: dict = {}
     graph_capture = graph_replay = False
+
+    @classmethod
+    def runs_precision(cls, prec, decode: str) -> bool:
+        return prec.is_float32                  # the C step computes in float32
 
     def __init__(self, model, decode: str = "eager"):
         if not self.runs_on(model.device.type, decode):
@@ -224,6 +249,18 @@ def check_names(backend: str, decode: str):
     backend_class(backend)
     if decode not in DECODES:
         raise ValueError(f"decode={decode!r} is not one of {DECODES}")
+
+
+def check_precision(prec, backend: str, decode: str) -> None:
+    """PrecisionError unless `backend` computes at `prec` under `decode` (ladder/cli/args.py
+    restates the rule without torch; tests/test_fused_precision.py holds the two equal)."""
+    from .precision import PrecisionError
+    check_names(backend, decode)
+    if not BACKEND_CLASSES[backend].runs_precision(prec, decode):
+        raise PrecisionError(
+            f"precision {prec.activations} (kv {prec.kv}) runs on backend torch, decode eager, "
+            f"or on backend triton with the KV cache in the activation dtype; given backend "
+            f"{backend}, decode {decode}")
 
 
 def make_backend(model, backend: str = "torch", decode: str = "eager"):

@@ -25,6 +25,13 @@ the composition on a CPU).
 
 A fused kernel hides what it keeps in registers. `HIDDEN` names those ladder points; every other
 point of the registry (ladder/model/points.py) is traced at the kernel boundary that produces it.
+
+At a 16-bit precision (`precision=` bfloat16 or float16, port/precision.py) the body runs in
+that dtype: every tensor between kernels, the KV ring, the Engram value ring and the lanes are
+16-bit; each kernel computes in float32 and rounds once per store (kernels/narrow.py). Dense
+weights stored 16-bit are handed to the products as 16-bit tensors (half the bytes streamed);
+the logits and the final hidden row stay float32 buffers holding the rounded values. Traced
+values are widened to float32 (exactly) for the ladder.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ import torch
 from kernels import (engram_prelude, final_norm, layer_tail, mhc_route, norm_gemv,
                      qk_rope_ring, sparse_attn)
 from .fused_weights import FusedWeights
+from .precision import DTYPES
 
 # Registry points the fused body cannot show, and the kernel that keeps each in registers.
 HIDDEN = {
@@ -80,7 +88,9 @@ class FusedBody:
         if kernels not in KERNELS:
             raise ValueError(f"kernels={kernels!r} is not one of {tuple(KERNELS)}")
         self.model, self.kernels = model, kernels
-        self.w = FusedWeights.of(model)
+        prec = model.precision
+        self.act = DTYPES[prec.activations]          # what the body's tensors are held in
+        self.w = FusedWeights.of(model, DTYPES.get(prec.weights))
 
     @property
     def k(self) -> SimpleNamespace:
@@ -88,16 +98,28 @@ class FusedBody:
 
     # ---- products ----
     def product(self, x, gain, kind: str, prod, out=None):
-        """norm(x) @ W for one Product: one launch per code block (one for dense)."""
-        k = self.k
+        """norm(x) @ W for one Product: one launch per code block (one for dense); y rounded
+        to the body's activation dtype."""
+        k, act = self.k, self.act
         if not prod.blocks:
-            return k.norm_gemv(x, gain, prod.w, kind, rotate=prod.rotate, out=out)
+            return k.norm_gemv(x, gain, prod.w, kind, rotate=prod.rotate, out=out, act=act)
         if len(prod.blocks) == 1:
-            return k.norm_cq_gemv(x, gain, kind, *prod.blocks[0].operands(), out=out)
-        y = out if out is not None else torch.empty(prod.out_features, device=x.device)
+            return k.norm_cq_gemv(x, gain, kind, *prod.blocks[0].operands(), out=out, act=act)
+        y = out if out is not None else torch.empty(prod.out_features, device=x.device,
+                                                    dtype=act)
         for b in prod.blocks:
-            k.norm_cq_gemv(x, gain, kind, *b.operands(), out=y[b.row0:b.row0 + b.out])
+            k.norm_cq_gemv(x, gain, kind, *b.operands(), out=y[b.row0:b.row0 + b.out],
+                           act=act)
         return y
+
+    def widened(self, trace):
+        """`trace` handed float32 values (16-bit ones widened exactly); itself at float32."""
+        if trace is None or self.act == torch.float32:
+            return trace
+
+        def wide_trace(name, layer, value):
+            trace(name, layer, value.float() if value.dtype != torch.float32 else value)
+        return wide_trace
 
     # ---- the body ----
     def __call__(self, g, state, trace=None):
@@ -106,7 +128,10 @@ class FusedBody:
         boundary exposes."""
         model, cfg, k = self.model, self.model.cfg, self.k
         n, d = cfg.mhc_lanes, cfg.d_model
+        trace = self.widened(trace)
         x0 = model.embedding.table.index_select(0, g.token)[0] * math.sqrt(d)      # [d]
+        if self.act != torch.float32:
+            x0 = x0.to(self.act)
         if trace:
             trace("embed", None, x0)
         eng = []
@@ -115,7 +140,7 @@ class FusedBody:
             cq = prod.blocks[0].operands() if prod.blocks else None
             kv = k.engram_prelude(site.tables, g.rows, g.ngram_ok, prod.w, state.vraw[s],
                                   g.eslot, site.taps, g.tap_slots, g.tap_ok,
-                                  rotate=prod.rotate, cq=cq)
+                                  rotate=prod.rotate, cq=cq, act=self.act)
             eng.append((kv[:d], kv[d:]))
             if trace:
                 trace(f"engram_k{s}", None, kv[:d])

@@ -8,6 +8,10 @@ products come from the codes a cq model keeps beside its rows (`attach_codes`): 
 that share an input (q|k|v|gate, the three mHC routers, the Engram key|value) are joined row-wise
 into one code matrix when their widths agree, so each stays one launch; when they do not, the
 product is several blocks, each writing its rows of the output.
+
+Dense weights stored 16-bit (a precision's `weights`, port/precision.py) are laid out as 16-bit
+tensors here: the rows the model holds are float32 copies of those values, so the conversion is
+exact and the products stream half the bytes.
 """
 from __future__ import annotations
 
@@ -69,6 +73,15 @@ def _row_slice(cw: CqWeight, r0: int, r1: int) -> CqWeight:
     return CqWeight(cw.packed[r0:r1], cw.norms[r0:r1], cw.bits, cw.in_features, "packed")
 
 
+def _stored(w, dtype):
+    """w (float32, values already rounded to dtype) as a dtype tensor with w's strides."""
+    low = w.to(dtype)                       # preserve_format: the [in, out] view's strides
+    if not torch.equal(low.float(), w):
+        raise ValueError(f"a dense weight holds values that {dtype} cannot represent: the "
+                         f"model was not rounded to its declared weight storage")
+    return low
+
+
 @dataclass
 class FusedWeights:
     """Per layer: the mHC router, q|k|v|gate and output products; per site: the Engram
@@ -81,7 +94,9 @@ class FusedWeights:
     form: str                       # "dense", "rotated" or "packed"
 
     @classmethod
-    def of(cls, model) -> "FusedWeights":
+    def of(cls, model, weight_dtype=None) -> "FusedWeights":
+        """`weight_dtype`: bfloat16 or float16 to hand dense matrices over in that dtype
+        (their values must be representable in it: the model rounded them at load)."""
         cfg, dev = model.cfg, model.device
         L, n = cfg.num_layers, cfg.mhc_lanes
         rot = model.rotate
@@ -108,10 +123,14 @@ class FusedWeights:
                 engram_kv.append(Product(2 * cfg.d_model, blocks=kv) if len(kv) == 1 else
                                  Product(2 * cfg.d_model, w=site.kv, rotate=rot))
             return cls(router, qkvg, out, engram_kv, head, "packed")
-        router = [Product(2 * n + n * n, w=model.mhc.router[i], rotate=rot) for i in range(L)]
-        qkvg = [Product(lw.qkvg.shape[1], w=lw.qkvg, rotate=rot) for lw in model.layers]
-        out = [Product(cfg.d_model, w=lw.out, rotate=rot) for lw in model.layers]
-        head = Product(cfg.vocab_size, w=model.embedding.head if rot else
-                       model.embedding.table.t(), rotate=rot)
-        engram_kv = [Product(2 * cfg.d_model, w=site.kv, rotate=rot) for site in model.engrams]
+        narrow = (lambda w: w) if weight_dtype in (None, torch.float32) else \
+            (lambda w: _stored(w, weight_dtype))
+        router = [Product(2 * n + n * n, w=narrow(model.mhc.router[i]), rotate=rot)
+                  for i in range(L)]
+        qkvg = [Product(lw.qkvg.shape[1], w=narrow(lw.qkvg), rotate=rot) for lw in model.layers]
+        out = [Product(cfg.d_model, w=narrow(lw.out), rotate=rot) for lw in model.layers]
+        head = Product(cfg.vocab_size, w=narrow(model.embedding.head if rot else
+                                                model.embedding.table.t()), rotate=rot)
+        engram_kv = [Product(2 * cfg.d_model, w=narrow(site.kv), rotate=rot)
+                     for site in model.engrams]
         return cls(router, qkvg, out, engram_kv, head, "rotated" if rot else "dense")

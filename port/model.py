@@ -26,7 +26,8 @@ import torch
 from reference import cact
 from reference.config import V2Config
 from . import load
-from .backend import BACKENDS, DECODES, backend_class, check_names, make_backend  # noqa: F401
+from .backend import (BACKENDS, DECODES, backend_class, check_names,  # noqa: F401
+                      check_precision, make_backend)
 from .cq import CqWeight, fwht  # noqa: F401  (CqWeight: re-exported)
 from .errors import StepError
 from .host import M32, PRIME, SEED, host_row, ngram_rows  # noqa: F401
@@ -59,10 +60,7 @@ class V2Model:
         check_names(backend, decode)
         # What every stored tensor is rounded to (port/precision.py); float32: nothing is.
         self.precision = PortPrecision.of(precision)
-        if not self.precision.is_float32 and (backend, decode) != ("torch", "eager"):
-            raise PrecisionError(f"precision {self.precision.activations} (kv "
-                                 f"{self.precision.kv}) runs on backend torch, decode eager; "
-                                 f"given backend {backend}, decode {decode}")
+        check_precision(self.precision, backend, decode)
         self.rnd, self.kv_store = self.precision.store, self.precision.kv_store
         self.form = check_parts(cfg, embedding, layers, mhc, engrams, final_norm)
         self.cfg = cfg
@@ -126,7 +124,8 @@ class V2Model:
         win = self.cfg.kv_window
         if win == 0:
             return self.make_state_full_causal()
-        return V2State(self.cfg, ring=win, window=win, device=self.device)
+        return V2State(self.cfg, ring=win, window=win, device=self.device,
+                       act_dtype=self.impl.state_dtype)
 
     def make_state_full_causal(self) -> V2State:
         return V2State(self.cfg, ring=self.cfg.max_seq_len, window=0, device=self.device)

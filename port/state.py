@@ -3,6 +3,10 @@
 The KV cache holds `ring` slots per layer (slot = pos % ring): the model's own window for
 generation, `max_seq_len` for full causal attention (the probe heads). The Engram ring keeps
 the un-convolved value rows the dilated taps reach back to, so a step never recomputes them.
+
+`act_dtype` (the triton backend at a 16-bit precision, port/fused.py): the KV ring, the Engram
+value ring and the lanes are held in that dtype, as a 16-bit decode body keeps them; the final
+hidden row and the logits stay float32 buffers (holding the rounded values).
 """
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ class StateError(ValueError):
 
 
 class V2State:
-    def __init__(self, cfg, ring: int, window: int, device="cpu", dtype=torch.float32):
+    def __init__(self, cfg, ring: int, window: int, device="cpu", dtype=torch.float32,
+                 act_dtype=None):
         if ring < 1 or ring > cfg.max_seq_len:
             raise StateError(f"ring={ring} must lie in 1..max_seq_len={cfg.max_seq_len}")
         self.cfg = cfg
@@ -22,12 +27,13 @@ class V2State:
         self.window = 0
         self._set_window(window)
         L, KV, hd, d, n = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.d_model, cfg.mhc_lanes
-        self.k = torch.zeros(L, KV, ring, hd, device=device, dtype=dtype)
-        self.v = torch.zeros(L, KV, ring, hd, device=device, dtype=dtype)
+        act = dtype if act_dtype is None else act_dtype
+        self.k = torch.zeros(L, KV, ring, hd, device=device, dtype=act)
+        self.v = torch.zeros(L, KV, ring, hd, device=device, dtype=act)
         # Taps reach (taps-1)*dilation back; one more slot for the current position.
         self.engram_ring = (cfg.engram_taps - 1) * cfg.engram_dilation + 1
-        self.vraw = torch.zeros(cfg.num_sites, self.engram_ring, d, device=device, dtype=dtype)
-        self.lanes = torch.zeros(n, d, device=device, dtype=dtype)
+        self.vraw = torch.zeros(cfg.num_sites, self.engram_ring, d, device=device, dtype=act)
+        self.lanes = torch.zeros(n, d, device=device, dtype=act)
         self.hidden = torch.zeros(d, device=device, dtype=dtype)      # post-final-norm vector
         self.logits = torch.zeros(cfg.vocab_size, device=device, dtype=dtype)
         self.tokens: list = []

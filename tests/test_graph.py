@@ -71,15 +71,18 @@ def test_graph_refuses_states_it_cannot_replay(models):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU "
                     "(tools/device_check.sh runs this)")
-@pytest.mark.parametrize("backend,weights", [("torch", "dense"), ("torch", "cq"),
-                                             ("triton", "dense"), ("triton", "cq")])
-def test_cuda_graph_replay_equals_eager(tiny_cfg, tiny_params, backend, weights):
+@pytest.mark.parametrize("backend,weights,precision", [
+    ("torch", "dense", None), ("torch", "cq", None), ("triton", "dense", None),
+    ("triton", "cq", None), ("triton", "dense", "bfloat16"), ("triton", "dense", "float16"),
+    ("triton", "cq", {"activations": "bfloat16", "weights": "cq", "kv": "bfloat16"})])
+def test_cuda_graph_replay_equals_eager(tiny_cfg, tiny_params, backend, weights, precision):
     # triton: the fused body launched eagerly vs the same kernels replayed from one graph,
-    # at every position and across the ring's wraps (window 8, 29 decode steps).
+    # at every position and across the ring's wraps (window 8, 29 decode steps); also with
+    # 16-bit activations, ring and dense weights.
     eager = V2Model.from_params(tiny_params, tiny_cfg, weights=weights, device="cuda",
-                                backend=backend)
+                                backend=backend, precision=precision)
     graph = V2Model.new(tiny_cfg, *eager.parts, device="cuda", backend=backend,
-                        decode="graph")
+                        decode="graph", precision=precision)
     a, b = eager.make_state(), graph.make_state()
     for t in range(1, 30):
         assert torch.equal(eager.step(t, a), graph.step(t, b)), t

@@ -6,7 +6,9 @@
                                      [--upstream-python PATH]
 
 Configurations are BACKEND:DECODE:WEIGHTS, backend torch|triton, decode eager|graph, weights
-dense|cq (all eight by default). The model is built once per weight form from seeded random
+dense|cq (all eight by default), or BACKEND:DECODE:WEIGHTS:PRECISION for the fused body below
+float32 (LOW_CONFIGS: triton at bfloat16, weights rounded at load; tools/device_check.sh asks
+for them on a GPU). The model is built once per weight form from seeded random
 weights (`init_params(cfg, 0, perturbed=True)`, "cq" through the .cact writer's quantiser) and
 each configuration is `V2Model.new` over the same parts. Per configuration, on a fresh state:
 
@@ -53,6 +55,9 @@ from reference.config import V2Config                           # noqa: E402
 
 BACKENDS, DECODES, WEIGHTS = ("torch", "triton"), ("eager", "graph"), ("dense", "cq")
 CONFIGS = [f"{b}:{m}:{w}" for w in WEIGHTS for b in BACKENDS for m in DECODES]
+LOW_CONFIGS = ["triton:eager:dense:bfloat16", "triton:graph:dense:bfloat16",
+               "triton:graph:cq:bfloat16"]
+ALL_CONFIGS = CONFIGS + LOW_CONFIGS
 SETTLE = 3                      # model.step calls before the compared step (capture, caches)
 LAUNCH_FILE_CAP = 16 << 20      # a count file is small; refuse anything larger
 COMPILE_ROW = "torch.compile(torch graph body)"
@@ -103,8 +108,9 @@ def check_args(a):
     if a.device == "cuda" and not torch.cuda.is_available():
         return "--device cuda: no CUDA device here (give --device cpu)"
     for c in a.configs:
-        if c not in CONFIGS:
-            return f"--configs {c}: each is BACKEND:DECODE:WEIGHTS, one of {', '.join(CONFIGS)}"
+        if c not in ALL_CONFIGS:
+            return (f"--configs {c}: each is BACKEND:DECODE:WEIGHTS[:PRECISION], one of "
+                    f"{', '.join(ALL_CONFIGS)}")
     d = defaults(a.device)
     a.untimed = d["untimed"]
     a.steps = d["steps"] if a.steps is None else a.steps
@@ -168,28 +174,31 @@ class Bench:
     def token(self, pos: int) -> int:
         return (17 * pos) % self.cfg.vocab_size
 
-    def base(self, weights: str):
-        """The model of this weight form, built once; a build that failed is not retried (the
-        cq quantiser takes seconds): every configuration of the form reports its exception."""
-        if weights not in self.bases:
-            self.say(f"building the {weights} model (--preset {self.a.preset})")
+    def base(self, weights: str, precision=None):
+        """The model of this weight form (and precision: weights rounded at load), built once;
+        a build that failed is not retried (the cq quantiser takes seconds): every
+        configuration of the form reports its exception."""
+        key = (weights, precision["activations"] if precision else None)
+        if key not in self.bases:
+            self.say(f"building the {weights} model (--preset {self.a.preset}"
+                     f"{', ' + key[1] if precision else ''})")
             from port.model import V2Model
             from reference.params import init_params
             torch.manual_seed(0)
             params = init_params(self.cfg, 0, perturbed=True)
             try:
-                self.bases[weights] = V2Model.from_params(params, self.cfg, weights=weights,
-                                                          device=self.dev)
+                self.bases[key] = V2Model.from_params(params, self.cfg, weights=weights,
+                                                      device=self.dev, precision=precision)
             except Exception as e:
-                self.bases[weights] = e
-        if isinstance(self.bases[weights], Exception):
-            raise self.bases[weights]
-        return self.bases[weights]
+                self.bases[key] = e
+        if isinstance(self.bases[key], Exception):
+            raise self.bases[key]
+        return self.bases[key]
 
-    def make_model(self, backend: str, decode: str, weights: str):
+    def make_model(self, backend: str, decode: str, weights: str, precision=None):
         from port.model import V2Model
-        return V2Model.new(self.cfg, *self.base(weights).parts, device=self.dev,
-                           backend=backend, decode=decode)
+        return V2Model.new(self.cfg, *self.base(weights, precision).parts, device=self.dev,
+                           backend=backend, decode=decode, precision=precision)
 
     def warm_up(self, model, state) -> None:
         """Fast-forward to position --warm: a batched prefill, then SETTLE single steps."""
@@ -224,15 +233,18 @@ class Bench:
         return self.reference[weights]
 
     def run(self, name: str) -> dict:
-        backend, decode, weights = name.split(":")
+        backend, decode, weights, *low = name.split(":")
+        # A cq model computes from its codes: below float32 only activations and KV are rounded.
+        precision = None if not low else \
+            {"activations": low[0], "weights": "cq" if weights == "cq" else low[0], "kv": low[0]}
         row = blank_row(self.counts.get(f"{backend}:{weights}", {}).get(decode))
         try:
-            model = self.make_model(backend, decode, weights)
+            model = self.make_model(backend, decode, weights, precision)
             state = model.make_state()
             self.say(f"{name}: fast-forward to position {self.a.warm}")
             self.warm_up(model, state)
             got = self.logits_at_warm(model, state)
-            if backend == "torch" and decode == "eager":
+            if backend == "torch" and decode == "eager" and precision is None:
                 self.reference.setdefault(weights, got)
             self.say(f"{name}: median of {self.a.steps} steps")
             row["ms_per_token"] = self.time_steps(model, state)
@@ -370,7 +382,7 @@ def main(argv=None) -> int:
            "position": a.warm, "steps": a.steps, "untimed": a.untimed,
            "launch_note": launch_note, "rows": {}}
     bench = Bench(a, counts)
-    order = sorted(set(a.configs), key=CONFIGS.index)
+    order = sorted(set(a.configs), key=ALL_CONFIGS.index)
     for i, name in enumerate(order, 1):
         bench.say(f"configuration {i}/{len(order)}: {name}")
         res["rows"][name] = bench.run(name)

@@ -25,7 +25,7 @@ CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $PY tools/count_launches.py "${TABLE_AR
     --eager --top 5 --json "$RESULTS/launches.json" >"$RESULTS/launches.log" 2>&1 &
 count_pid=$!
 $PY -m pytest -q tests/test_kernels_*.py tests/test_graph.py tests/test_model_device.py \
-    tests/test_count_launches.py tests/test_fused.py \
+    tests/test_count_launches.py tests/test_fused.py tests/test_fused_precision.py \
     tests/test_port.py::test_triton_backend_matches_torch_backend
 status=$?
 # Issue 12: each fused decode kernel against its torch twin at the shipped shapes, and packed
@@ -122,8 +122,14 @@ if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; 
         for w in dense cq; do
             $PY -m ladder run --preset $preset --weights $w --device cuda --backend triton \
                 --decode graph --steps 6 | tail -4 || status=1
+            # Issue 28: the same body at bfloat16 (ring, lanes and dense weights in 16 bits),
+            # judged three-way against the noise floor
+            $PY -m ladder run --preset $preset --weights $w --device cuda --backend triton \
+                --decode graph --steps 6 --port-precision bfloat16 | tail -4 || status=1
         done
     done
+    TABLE_ARGS+=(--configs $($PY -c 'import sys; sys.path.insert(0, "tools")
+import bench_gpu_decode as b; print(" ".join(b.ALL_CONFIGS))'))
 fi
 # The table (issue 12): ms per decode token for backend x decode x weights, launches per token
 # beside each, max |dlogits| against the torch backend's eager step; also written as JSON.

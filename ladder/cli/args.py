@@ -119,6 +119,13 @@ def _port_timeout(args) -> None:
         _fail(f"--port-timeout {t!r}: seconds in (0, 86400]")
 
 
+# Where our port computes below float32, by (backend, decode): "any" precision, or "kv=act" (the
+# KV cache in the activation dtype). port/backend.py `runs_precision` is the rule; this restates
+# it so a refusal comes before torch is imported (tests/test_fused_precision.py holds them equal).
+BELOW_FLOAT32 = {("torch", "eager"): "any", ("triton", "eager"): "kv=act",
+                 ("triton", "graph"): "kv=act"}
+
+
 def _port_precision(args) -> None:
     spec = getattr(args, "port_precision", None)
     if spec is None:
@@ -138,10 +145,13 @@ def _port_precision(args) -> None:
         args.cmd not in ("compare", "dump") or "torch" in (getattr(args, "a", None),
                                                            getattr(args, "b", None),
                                                            getattr(args, "side", None)))
-    if ours and not prec.is_float32 and (getattr(args, "backend", "torch"), getattr(
-            args, "decode", "eager")) != ("torch", "eager"):
+    where = BELOW_FLOAT32.get((getattr(args, "backend", "torch"), getattr(args, "decode", "eager")))
+    if ours and not prec.is_float32 and not (where == "any" or
+                                             (where and prec.kv == prec.activations)):
         _fail(f"--port-precision {spec}: our port runs below float32 on --backend torch "
-              f"--decode eager only (given --backend {args.backend} --decode {args.decode})")
+              f"--decode eager, or on --backend triton with the KV cache in the activation "
+              f"dtype (given --backend {getattr(args, 'backend', 'torch')} --decode "
+              f"{getattr(args, 'decode', 'eager')}, kv {prec.kv})")
 
 
 def _port_flags(args) -> None:

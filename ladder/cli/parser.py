@@ -106,7 +106,8 @@ def precision_arg(p):
                    help="what the port computes in, e.g. bfloat16, float16, 'float32,kv=int8', "
                         "'act=bfloat16,weights=cq,kv=int8' (docs/precision.md): below float32 "
                         "it is judged against a noise floor, the reference re-run at that "
-                        "precision; our port (torch backend, eager) runs at it; a recording's "
+                        "precision; our port runs at it (torch backend, eager; or the triton "
+                        "backend's fused body with kv in the activation dtype); a recording's "
                         "or protocol port's own declaration is used when this is not given "
                         "(default: none: float32, or what the side declares)")
 

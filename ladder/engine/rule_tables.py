@@ -134,6 +134,14 @@ KERNEL_RULES = {
     "final_norm/*": Rule(1e-6, why="an n-lane mean and a ZC norm over d in f32 vs float64: "
                                    "measured <= 9e-8 of max|mean| and <= 1.9e-7 of max|hidden| "
                                    "(twin and kernel, d <= 512, 5 seeds)"),
+    # 16-bit activations (kernels/narrow.py; tests/test_fused_precision.py): two float32
+    # computations a few ulps apart, each rounded once to nearest, land on the same or on
+    # adjacent 16-bit values, so the Triton kernel and its twin differ by at most one spacing
+    # of the dtype at an element's magnitude: 2^-7 (bfloat16) or 2^-10 (float16) of max|ref|.
+    "bfloat16/*": Rule(2 ** -7, why="one bfloat16 rounding apart: at most one spacing (2^-7 of "
+                                    "the magnitude) between kernel and twin"),
+    "float16/*": Rule(2 ** -10, why="one float16 rounding apart: at most one spacing (2^-10 of "
+                                    "the magnitude) between kernel and twin"),
 }
 
 
