@@ -165,3 +165,66 @@ def test_the_default_rules_on_a_captured_pair_agree(monkeypatch):
     for keep in ("all", "summary"):
         assert _fields(compare_ladders(a, b, DEFAULT_RULES, keep=keep)) == \
             _fields(_per_point(monkeypatch, a, b, DEFAULT_RULES, keep=keep))
+
+
+def _floor(a, b, seed, dtype=torch.bfloat16):
+    """A noise floor beside ladders a, b: the reference rounded to `dtype` and perturbed, with
+    a NaN at one point, one point it lacks and one of another shape."""
+    g = torch.Generator().manual_seed(100 + seed)
+    vf = {}
+    for st in b.steps:
+        for p in b.points(st.name):
+            key = f"{st.name}/{p}"
+            v, dt = b[key].double(), b[key].dtype
+            f = v * (1 + 1e-3 * torch.randn(v.shape, generator=g, dtype=torch.float64))
+            if p == "L01.p0f":
+                continue                                  # the floor lacks it
+            if p == "L02.p1f":
+                f = f[..., :1]                            # another shape
+            if p == "L03.p2f" and st.name == "decode01" and f.numel():
+                f.view(-1)[0] = float("nan")
+            vf[key] = f.to(torch.float64 if dt == torch.float64 else dtype)
+    return Ladder(list(b.steps), vf, "floor")
+
+
+THREE_WAY = RuleSet(rules={"t/L01*": Rule(1e-4), "t/L02*": Rule(1e-4),
+                           "t/L07*": Rule(1e-6, noise=4.0, floor=1e-9),
+                           "t/*": Rule(0.0, noise=2.0, floor=1e-12)})
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("keep", ["all", "summary"])
+@pytest.mark.parametrize("floor_dtype", [torch.bfloat16, torch.float32])
+def test_three_way_rows_in_the_batch_are_the_per_point_rows(monkeypatch, seed, keep,
+                                                             floor_dtype):
+    """With a noise floor beside the reference: the floor's error, the noise ratio, the unit
+    at each position (running over prefill's positions and across steps) and the verdicts
+    the batch gives are compare_point's and three_way's, field for field."""
+    from ladder.engine import three_way
+    a, b = _ladders(seed)
+    fl = _floor(a, b, seed, floor_dtype)
+    calls, real = [], three_way.three_way
+    with monkeypatch.context() as m:
+        m.setattr(compare_mod, "three_way", lambda *x: calls.append(x[0].point) or real(*x))
+        got = compare_ladders(a, b, THREE_WAY, prefix="t", keep=keep, floor=fl, unit_eps=1e-3)
+    want = _per_point(monkeypatch, a, b, THREE_WAY, prefix="t", keep=keep, floor=fl,
+                      unit_eps=1e-3)
+    assert _fields(got) == _fields(want)
+    three = [r for r in got.rows if r.units]
+    assert len(three) > 50 and any(not r.passed for r in three)
+    assert any(len(r.units) == 3 and r.units[0] < r.units[-1] for r in three)  # running max
+    # what the batch left point by point: the logits, a point whose floor holds a NaN
+    assert "logits" in calls and "L03.p2f" in calls
+    # and took the rest: finite points of float32/float64 with rows to compare
+    assert not {"L00.p0f", "L00.p5d", "L04.p4d", "L07.p1f", "half"} & set(calls)
+    assert len(calls) < 0.6 * (got.total_rows if got.folded else len(got.rows))
+
+
+def test_a_noise_rule_without_the_floor_still_names_the_point(monkeypatch):
+    """A point the floor lacks under a noise-unit rule is an error whether or not the batch
+    could have taken it."""
+    a, b = _ladders(0)
+    fl = _floor(a, b, 0)
+    rules = RuleSet(rules={"t/*": Rule(0.0, noise=2.0, floor=1e-12)})
+    with pytest.raises(compare_mod.CompareError, match="L01.p0f"):
+        compare_ladders(a, b, rules, prefix="t", floor=fl)

@@ -47,7 +47,10 @@ def _wall(checkout: str, argv: list, cwd: str) -> tuple:
 
 
 def archives(checkout: str, d: str, steps: int) -> tuple:
-    """The two archives of the streaming bench (shipped preset, prompt 6), written if absent."""
+    """The two archives of the streaming bench (shipped preset, prompt 6), written if absent.
+
+    Written by the first checkout (the oldest schema, which every later reader reads), from a
+    neutral directory: `python -m` puts the working directory ahead of PYTHONPATH."""
     paths = []
     for side in ("torch", "reference"):
         p = os.path.join(d, f"shipped-6-{steps}-{side}.safetensors")
@@ -56,7 +59,7 @@ def archives(checkout: str, d: str, steps: int) -> tuple:
             subprocess.run([sys.executable, "-m", "ladder", "dump", side, "--out", p,
                             "--preset", "shipped", "--prompt-len", "6", "--steps", str(steps),
                             "--no-check-plain", "--max-memory", "8G"], check=True,
-                           env=_env(checkout), stdout=subprocess.DEVNULL)
+                           env=_env(checkout), cwd=d, stdout=subprocess.DEVNULL)
         paths.append(p)
     return tuple(paths)
 

@@ -22,6 +22,8 @@ import math
 import numpy as np
 import torch
 
+from ladder.engine.three_way import batch_units
+
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -43,6 +45,40 @@ def eligible(x, y) -> bool:
     """Whether this pair of arrays (as_array) can be measured in the step's batch."""
     return (x is not None and y is not None and x.dtype == y.dtype and x.dtype in _FLOATS
             and x.shape == y.shape and x.ndim >= 1 and x.size > 0)
+
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def pair(a, b, key: str, x, y):
+    """The batch's arrays of one point, and compare_point's `half` note: a 16-bit side is
+    widened to float32 (exactly, as compare_point does) when the other is float32 too."""
+    if x is not None and y is not None:
+        return x, y, ()
+    ta = a[key] if x is None else None
+    tb = b[key] if y is None else None
+    dt = [t.dtype for t in (ta, tb) if t is not None]
+    if not all(d in _HALF for d in dt) or (x is not None and x.dtype != np.float32) \
+            or (y is not None and y.dtype != np.float32):
+        return x, y, ()
+    half = tuple(f"{side} is {str(t.dtype)[6:]}" for side, t in (("a", ta), ("b", tb))
+                 if t is not None)
+    return (x if ta is None else as_array(ta.float()),
+            y if tb is None else as_array(tb.float()), half)
+
+
+def floor_array(floor, key: str, in_f: dict, point: str, y):
+    """The noise floor's values at the point as a float32/float64 array of y's shape, or
+    None (the per-point path then decides: a missing floor, a shape of its own)."""
+    if point not in in_f or y is None:
+        return None
+    f = in_f[point]
+    if f is None:
+        t = floor[key]
+        if t.dtype not in _HALF:
+            return None
+        f = as_array(t.float())
+    return f if f is not None and f.shape == y.shape else None
 
 
 def _ordered(bits: np.ndarray, wide: bool) -> np.ndarray:
@@ -90,24 +126,33 @@ def chunks(sizes: list, limit: int | None = None):
         yield lo, len(sizes)
 
 
-def measure(pairs: list, rules: list, rel_floor: float) -> list:
+def measure(pairs: list, rules: list, rel_floor: float, floors=None) -> list:
     """pairs: [(x, y)] numpy arrays of one dtype, each pair `eligible`, its rule in `rules`
     `batchable`. Returns (the indices of the pairs measured, their Measured in that order):
-    a pair holding a NaN/Inf is left out, for the caller to measure point by point."""
+    a pair holding a NaN/Inf is left out, for the caller to measure point by point.
+
+    floors: three-way (three_way.py), a FloorBatch: each pair's noise-floor values (a float32
+    or float64 array of its shape) and the floor's running drift before this step; the rule
+    errors then allow each rule's `noise` x the noise unit, and Measured carries the floor's
+    columns. A pair whose floor holds a NaN/Inf is left out too."""
     if not pairs:
         return [], None
     sizes = np.fromiter((x.size for x, _ in pairs), np.int64, len(pairs))
     S = np.fromiter((x.shape[0] for x, _ in pairs), np.int64, len(pairs))
     A = np.concatenate([x.reshape(-1) for x, _ in pairs])
     B = np.concatenate([y.reshape(-1) for _, y in pairs])
+    F = None if floors is None else np.concatenate([f.reshape(-1) for f in floors.values])
     finite = np.isfinite(A)
     finite &= np.isfinite(B)
+    if F is not None:
+        finite &= np.isfinite(F)
     starts = np.zeros(len(pairs), dtype=np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
     if not finite.all():
         ok = np.logical_and.reduceat(finite, starts)
         keep = [i for i in range(len(pairs)) if ok[i]]
-        return keep, measure([pairs[i] for i in keep], [rules[i] for i in keep], rel_floor)[1]
+        return keep, measure([pairs[i] for i in keep], [rules[i] for i in keep], rel_floor,
+                             None if floors is None else floors.subset(keep))[1]
     del finite
     wide = A.dtype == np.float64
     A64, B64 = (A, B) if wide else (A.astype(np.float64), B.astype(np.float64))
@@ -137,6 +182,11 @@ def measure(pairs: list, rules: list, rel_floor: float) -> list:
     at = np.repeat(np.fromiter((r.atol for r in rules), np.float64, len(rules)), S)
     fl = np.repeat(np.fromiter((r.floor for r in rules), np.float64, len(rules)), S)
     allow = np.maximum(at + rt * pos_b, fl)
+    three = None
+    if floors is not None:
+        three = batch_units(F, B64, pos_starts, pos_first, S, pos_b, pos_d, floors)
+        noise = np.repeat(np.fromiter((r.noise for r in rules), np.float64, len(rules)), S)
+        allow = np.where(noise > 0, np.maximum(allow, noise * three.units), allow)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         err = np.where(allow > 0, pos_d / np.maximum(allow, 1e-300),
                        np.where(pos_d == 0, 0.0, np.inf))
@@ -148,7 +198,7 @@ def measure(pairs: list, rules: list, rel_floor: float) -> list:
         dj = D[lo:lo + int(width[i])]
         bad[i] += int((dj / max(c, 1e-300) > 1).sum()) if c > 0 else int((dj != 0).sum())
     return list(range(len(pairs))), Measured(pairs, S.tolist(), pos_first.tolist(), max_abs,
-                                             max_rel, ulp, err.tolist(), bad.tolist())
+                                             max_rel, ulp, err.tolist(), bad.tolist(), three)
 
 
 class Measured:
@@ -156,13 +206,20 @@ class Measured:
     a point) are computed when asked for: a streamed comparison keeps a few rows a point,
     and asks them of those alone."""
 
-    def __init__(self, pairs, S, pos_first, max_abs, max_rel, ulp, err, bad):
+    def __init__(self, pairs, S, pos_first, max_abs, max_rel, ulp, err, bad, three=None):
         # the pairs themselves (views of the step's values), not the batch's float64
         # copies: a kept row widens its own values again, so the batch's memory is freed
         # when measure returns
         self._pairs, self._S, self._p0 = pairs, S, pos_first
         self._max_abs, self._max_rel, self._ulp = max_abs, max_rel, ulp
         self._err, self.bad = err, bad
+        self.three = three              # three_way.BatchFloor, or None
+
+    def floor_columns(self, i: int) -> dict:
+        """The three-way columns of point i's row (three_way.three_way's)."""
+        p0, t = self._p0[i], self.three
+        return dict(floor_abs=t.floor_abs[i], noise_ratio=t.ratio[i],
+                    units=tuple(t.unit_list[p0:p0 + self._S[i]]))
 
     def __len__(self):
         return len(self._pairs)

@@ -12,16 +12,17 @@ near-tie margin, and KL divergence. NaN or Inf is a failing point, never an exce
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from ladder.engine.batch import as_array, batchable, chunks, eligible, measure
+from ladder.engine.batch import (as_array, batchable, chunks, eligible, floor_array, measure,
+                                 pair)
 from ladder.engine.fold import Fold, LazyRow
 from ladder.engine.metrics import metrics
 from ladder.engine.ladder_text import (first_bit_difference, hidden_text,  # noqa: F401
                                        merged_order)
-from ladder.engine.three_way import NoFloorError, floor_at, three_way
+from ladder.engine.three_way import FloorBatch, NoFloorError, floor_at, three_way
 from ladder.engine.rules import DEFAULT_RULES, Rule, RuleSet
 from ladder.engine.trace import Ladder, TAIL, is_coarse, layer_of
 
@@ -299,7 +300,8 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
     `floor`: a noise floor (the reference at the candidate's precision, same schedule): each
     row then also holds the floor's error and the candidate's in noise units, and noise-unit
     rules allow `noise` x max(floor error so far, unit_eps x max|b|) (docs/precision.md).
-    Such rows take the per-point path, not the step's batch (batch.py).
+    Such rows go through the step's batch too (batch.py, three_way.batch_units) where it
+    takes the point; the logits and NaN/Inf cases are measured point by point.
 
     keep="all": a row per (step, point). keep="summary": what a long comparison needs and no
     more (Comparison.folded): the first divergence, each point's worst, and the first failing
@@ -326,6 +328,7 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
         pos0 = b.first_pos(st)
         step_rows, batch, out = [], {}, []
         in_a, in_b = _arrays(a, st.name), _arrays(b, st.name)
+        in_f = None if floor is None else _arrays(floor, st.name)
         for point in merged_order(a, b, st.name):
             key = f"{st.name}/{point}"
             pattern = patterns.get(point)
@@ -341,24 +344,30 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
                 step_rows.append(_missing(st.name, point, shape, pattern, rs.rules[pattern],
                                           f"not traced by {side}"))
                 continue
-            if floor is None and batchable(rs.rules[pattern]):
-                x, y = in_a[point], in_b[point]
-                if eligible(x, y):
-                    batch.setdefault(x.dtype, []).append((len(step_rows), point, x, y, pattern))
+            if batchable(rs.rules[pattern]) and (floor is None or point != TAIL[-1]):
+                x, y, half = pair(a, b, key, in_a[point], in_b[point])
+                fz = None if floor is None else floor_array(floor, key, in_f, point, y)
+                if eligible(x, y) and (floor is None or fz is not None):
+                    batch.setdefault(x.dtype, []).append(
+                        (len(step_rows), point, x, y, pattern, half, fz))
             step_rows.append((point, key, pattern))
         # every point of the step at once (batch.py); what it leaves, one by one below
         done = {}
         for whole in batch.values():
-            for lo, hi in chunks([x.size for _, _, x, _, _ in whole]):
+            for lo, hi in chunks([g[2].size for g in whole]):
                 group = whole[lo:hi]
-                kept, measured = measure([(x, y) for _, _, x, y, _ in group],
-                                         [rs.rules[p] for *_, p in group], rs.rel_floor)
+                fb = None if floor is None else FloorBatch(
+                    [g[6] for g in group], [seen.get(g[1], 0.0) for g in group], unit_eps)
+                kept, measured = measure([(g[2], g[3]) for g in group],
+                                         [rs.rules[g[4]] for g in group], rs.rel_floor, fb)
                 for k, g in enumerate(kept):
-                    i, point, x, _, pattern = group[g]
+                    i, point, x, _, pattern, half, _ = group[g]
                     errs = measured.errors(k)
+                    if fb is not None:
+                        seen[point] = measured.three.last_drift[k]
                     done[i] = LazyRow(point, max(errs), (_batch_row, measured, k, (
                         st.name, point, x.shape, x.size, errs, pattern, rs.rules[pattern],
-                        pos0)))
+                        pos0, half)))
         for i, row in enumerate(step_rows):
             if isinstance(row, PointResult):          # not traced by one side
                 out.append(row)
@@ -397,9 +406,10 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
     return cmp
 
 
-def _batch_row(measured, k, step, point, shape, numel, errs, pattern, rule, pos0):
-    return _result(step, point, shape, numel, measured.metrics(k), errs, measured.bad[k],
-                   pattern, rule, pos0)
+def _batch_row(measured, k, step, point, shape, numel, errs, pattern, rule, pos0, half):
+    row = _result(step, point, shape, numel, measured.metrics(k), errs, measured.bad[k],
+                  pattern, rule, pos0, half)
+    return row if measured.three is None else replace(row, **measured.floor_columns(k))
 
 
 def _arrays(ladder: Ladder, step: str) -> dict:
@@ -412,5 +422,4 @@ def _arrays(ladder: Ladder, step: str) -> dict:
 
 
 def _with(row: PointResult, passed: bool, first_bad, note: str) -> PointResult:
-    from dataclasses import replace
     return replace(row, passed=passed, first_bad_pos=first_bad, note=note)

@@ -1,13 +1,16 @@
 """Three-way rows: a candidate, the float32 reference and a noise floor (the reference at the
 candidate's precision, docs/precision.md). The noise unit at each position comes from the
-floor's running drift (rule.py `noise_units`); compare.py calls these for every row that has
-a floor beside it, on the per-point path.
+floor's running drift (rule.py `noise_units`). compare.py measures a row with a floor
+beside it in the step's batch where batch.py takes the point (FloorBatch, batch_units), and
+point by point otherwise (floor_at, three_way): the logits, a NaN/Inf in any of the three, a
+point the floor lacks.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from ladder.engine.rule import by_position, noise_units
@@ -55,3 +58,49 @@ def floor_at(floor, key, vb, rule, pattern, seen, point, unit_eps):
     if drift.numel():
         seen[point] = float(drift[-1])
     return fv, torch.maximum(drift, noise_units(fv, vb, unit_eps))
+
+
+class FloorBatch:
+    """The noise floor beside one batch of points (batch.measure): per point, the floor's
+    values (float32 or float64 numpy, the point's shape) and its running drift before this
+    step (`seen`); `unit_eps` as in floor_at."""
+
+    def __init__(self, values: list, priors: list, unit_eps: float):
+        self.values, self.priors, self.unit_eps = values, priors, unit_eps
+
+    def subset(self, keep: list) -> "FloorBatch":
+        return FloorBatch([self.values[i] for i in keep], [self.priors[i] for i in keep],
+                          self.unit_eps)
+
+
+class BatchFloor:
+    """batch_units' answer: per position the noise unit (`units`, and as a list); per point
+    the floor's max|floor-b|, the candidate's largest ratio to the unit, and the drift at
+    its last position (the next step's prior)."""
+
+    def __init__(self, units, floor_abs, ratio, last_drift):
+        self.units, self.unit_list = units, units.tolist()
+        self.floor_abs, self.ratio, self.last_drift = floor_abs, ratio, last_drift
+
+
+def batch_units(F, B64, pos_starts, pos_first, S, pos_b, pos_d, floors: FloorBatch):
+    """floor_at's units and three_way's columns for every point of a batch at once, with
+    the same float64 operations: maxima are exact whatever their order, so the segmented
+    forms equal the per-point ones bit for bit (tests/test_compare_batch.py holds them so).
+    F: the floors laid end to end as B64 is (finite: batch.measure sends the rest back);
+    pos_starts, pos_first, S, pos_b, pos_d: batch.measure's per-position layout."""
+    FD = np.subtract(F.astype(np.float64, copy=False), B64)
+    np.abs(FD, out=FD)
+    pos_fd = np.maximum.reduceat(FD, pos_starts)
+    del FD
+    drift = np.maximum(pos_fd, np.repeat(np.asarray(floors.priors, np.float64), S))
+    for i in np.flatnonzero(S > 1).tolist():         # the running max along each point
+        lo = int(pos_first[i])
+        np.maximum.accumulate(drift[lo:lo + int(S[i])], out=drift[lo:lo + int(S[i])])
+    units = np.maximum(drift, floors.unit_eps * pos_b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(units > 0, pos_d / np.maximum(units, 1e-300),
+                     np.where(pos_d == 0, 0.0, np.inf))
+    last = pos_first + S - 1
+    return BatchFloor(units, np.maximum.reduceat(pos_fd, pos_first).tolist(),
+                      np.maximum.reduceat(r, pos_first).tolist(), drift[last].tolist())
