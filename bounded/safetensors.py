@@ -6,9 +6,11 @@ the byte offset.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import struct
+import sys
 
 import torch
 
@@ -133,3 +135,38 @@ def load_safetensors(path, max_bytes: int | None = None, names=None, error=Input
                    for name, info in header.items()
                    if name != "__metadata__" and (names is None or name in names)}
     return tensors, dict(header.get("__metadata__", {}))
+
+
+def write_safetensors(path, tensors: dict, metadata: dict | None = None) -> None:
+    """Write `tensors` (name -> contiguous CPU tensor) as a safetensors file at `path`.
+
+    The format's own layout: an 8-byte little-endian header length, the JSON header (padded
+    with spaces to a multiple of 8), then each tensor's bytes in header order, tiling the data
+    exactly, so safetensors' reader and read_header above both take it. Written tensor by
+    tensor through one buffered file, each as a byte view (no copy, no per-tensor conversion
+    to numpy's dtype), which is what makes it several times faster than safetensors'
+    `save_file` for an archive of many small tensors."""
+    if sys.byteorder != "little":
+        raise OSError("write_safetensors: safetensors is little-endian; this machine is not")
+    codes = {dt: code for code, (dt, _) in ST_DTYPES.items()}
+    header, views, at = {}, [], 0
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    for name, t in tensors.items():
+        if t.dtype not in codes:
+            raise TypeError(f"write_safetensors: tensor {name!r} has dtype {t.dtype}, "
+                            f"not one of {sorted(ST_DTYPES)}")
+        flat = t.detach().cpu().contiguous().reshape(-1)
+        raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+        header[name] = {"dtype": codes[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [at, at + raw.numel()]}
+        views.append(raw)
+        at += raw.numel()
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for raw in views:
+            if raw.numel():
+                f.write(raw.numpy())

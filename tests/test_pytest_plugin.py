@@ -372,13 +372,13 @@ def test_a_golden_manifest_field_of_the_wrong_type_reads_as_unreadable(inner):
 
 
 def test_two_writers_of_one_archive_never_share_a_temporary_file(tmp_path, monkeypatch):
-    import safetensors.torch as st
+    from ladder.engine import archive
     from ladder.sides.judge import ModelUnderTest, capture, save_trace
     model = ModelUnderTest.build()
     cap = capture(model.our_port(), model, prompt_len=2, steps=0)
-    seen, real = [], st.save_file
-    monkeypatch.setattr(st, "save_file", lambda t, p, metadata=None: (seen.append(p),
-                                                                       real(t, p, metadata)))
+    seen, real = [], archive.write_safetensors
+    monkeypatch.setattr(archive, "write_safetensors",
+                        lambda p, t, metadata=None: (seen.append(p), real(p, t, metadata)))
     target = tmp_path / "g.safetensors"
     save_trace(cap, model, target)
     save_trace(cap, model, target)

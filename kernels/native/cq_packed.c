@@ -103,9 +103,11 @@ static void decode_row(const CqMat *A, int64_t o, float *w)
    same weights: a group's table holds level[c] * norm, the product decode8 forms per weight.
 
    A one-token step is bound by the decode, not by the loads, so the inner loops are cut to
-   a few instructions per 8 weights: vpermps reads only an index's low 3 bits, so a 2-bit
-   table repeated twice needs no mask, and a 4-bit code's top bit, shifted to the sign,
-   picks between the two 8-entry halves (vblendvps reads only the sign). One 32-bit load
+   a few instructions per 8 weights: vpermilps reads only an index's low 2 bits and picks
+   within each 128-bit half, so a 2-bit table held in both halves needs no mask and no
+   cross-lane vpermps (one cheaper shuffle per 8 weights; the same value is picked); a 4-bit
+   code's low 3 bits pick with vpermps from each 8-entry half and its top bit, shifted to the
+   sign, picks between them (vblendvps reads only the sign). One 32-bit load
    feeds 16 2-bit codes or 8 4-bit ones. */
 static inline float tree_regs(__m256 c0, __m256 c1, __m256 c2, __m256 c3)
 {
@@ -140,13 +142,13 @@ static float fused_row2(const CqMat *A, int64_t o, const float *xp)
             __m256i a = _mm256_castps_si256(bcast32(codes + k / 4)),
                     b = _mm256_castps_si256(bcast32(codes + k / 4 + 4));
             c0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k),
-                                 _mm256_permutevar8x32_ps(t, _mm256_srlv_epi32(a, sh0)), c0);
+                                 _mm256_permutevar_ps(t, _mm256_srlv_epi32(a, sh0)), c0);
             c1 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k + 8),
-                                 _mm256_permutevar8x32_ps(t, _mm256_srlv_epi32(a, sh1)), c1);
+                                 _mm256_permutevar_ps(t, _mm256_srlv_epi32(a, sh1)), c1);
             c2 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k + 16),
-                                 _mm256_permutevar8x32_ps(t, _mm256_srlv_epi32(b, sh0)), c2);
+                                 _mm256_permutevar_ps(t, _mm256_srlv_epi32(b, sh0)), c2);
             c3 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + k + 24),
-                                 _mm256_permutevar8x32_ps(t, _mm256_srlv_epi32(b, sh1)), c3);
+                                 _mm256_permutevar_ps(t, _mm256_srlv_epi32(b, sh1)), c3);
         }
     }
     return tree_regs(c0, c1, c2, c3);
@@ -173,16 +175,16 @@ static void fused_rows2x2(const CqMat *A, int64_t o, const float *xp, float *y)
                          x2 = _mm256_loadu_ps(xp + k + 16), x3 = _mm256_loadu_ps(xp + k + 24);
             __m256i u = _mm256_castps_si256(bcast32(ca + k / 4)),
                     v = _mm256_castps_si256(bcast32(ca + k / 4 + 4));
-            a0 = _mm256_fmadd_ps(x0, _mm256_permutevar8x32_ps(ta, _mm256_srlv_epi32(u, sh0)), a0);
-            a1 = _mm256_fmadd_ps(x1, _mm256_permutevar8x32_ps(ta, _mm256_srlv_epi32(u, sh1)), a1);
-            a2 = _mm256_fmadd_ps(x2, _mm256_permutevar8x32_ps(ta, _mm256_srlv_epi32(v, sh0)), a2);
-            a3 = _mm256_fmadd_ps(x3, _mm256_permutevar8x32_ps(ta, _mm256_srlv_epi32(v, sh1)), a3);
+            a0 = _mm256_fmadd_ps(x0, _mm256_permutevar_ps(ta, _mm256_srlv_epi32(u, sh0)), a0);
+            a1 = _mm256_fmadd_ps(x1, _mm256_permutevar_ps(ta, _mm256_srlv_epi32(u, sh1)), a1);
+            a2 = _mm256_fmadd_ps(x2, _mm256_permutevar_ps(ta, _mm256_srlv_epi32(v, sh0)), a2);
+            a3 = _mm256_fmadd_ps(x3, _mm256_permutevar_ps(ta, _mm256_srlv_epi32(v, sh1)), a3);
             u = _mm256_castps_si256(bcast32(cb + k / 4));
             v = _mm256_castps_si256(bcast32(cb + k / 4 + 4));
-            b0 = _mm256_fmadd_ps(x0, _mm256_permutevar8x32_ps(tb, _mm256_srlv_epi32(u, sh0)), b0);
-            b1 = _mm256_fmadd_ps(x1, _mm256_permutevar8x32_ps(tb, _mm256_srlv_epi32(u, sh1)), b1);
-            b2 = _mm256_fmadd_ps(x2, _mm256_permutevar8x32_ps(tb, _mm256_srlv_epi32(v, sh0)), b2);
-            b3 = _mm256_fmadd_ps(x3, _mm256_permutevar8x32_ps(tb, _mm256_srlv_epi32(v, sh1)), b3);
+            b0 = _mm256_fmadd_ps(x0, _mm256_permutevar_ps(tb, _mm256_srlv_epi32(u, sh0)), b0);
+            b1 = _mm256_fmadd_ps(x1, _mm256_permutevar_ps(tb, _mm256_srlv_epi32(u, sh1)), b1);
+            b2 = _mm256_fmadd_ps(x2, _mm256_permutevar_ps(tb, _mm256_srlv_epi32(v, sh0)), b2);
+            b3 = _mm256_fmadd_ps(x3, _mm256_permutevar_ps(tb, _mm256_srlv_epi32(v, sh1)), b3);
         }
     }
     y[0] = tree_regs(a0, a1, a2, a3);

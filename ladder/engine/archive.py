@@ -41,7 +41,7 @@ import os
 import torch
 
 from bounded.io import open_regular
-from bounded.safetensors import ST_DTYPES, load_safetensors, read_header
+from bounded.safetensors import ST_DTYPES, load_safetensors, read_header, write_safetensors
 from bounded.size import DEFAULT_MAX_MEMORY
 from ladder.engine.lazy_values import LazyValues
 from ladder.engine.steps import CAPTURED, Step, schedule
@@ -104,7 +104,6 @@ def manifest_for(ladder: Ladder, *, producer: dict, geometry: dict, kv_window: i
 
 def save(ladder: Ladder, path, **manifest) -> str:
     """Write `ladder` to `path` (a temp file renamed into place: all or nothing)."""
-    from safetensors.torch import save_file
     path = os.fspath(path)
     if not path or os.path.basename(path) in ("", ".", ".."):
         raise ArchiveError(f"archive path {path!r} names no file")
@@ -120,8 +119,8 @@ def save(ladder: Ladder, path, **manifest) -> str:
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
         os.close(fd)
-        save_file(tensors, tmp, metadata={META_KEY: json.dumps(m, sort_keys=True)})
-        # after writing: safetensors' writer leaves the file 0600 whatever it was before
+        write_safetensors(tmp, tensors, metadata={META_KEY: json.dumps(m, sort_keys=True)})
+        # mkstemp made the file 0600: widen it to what open() would have given
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     finally:

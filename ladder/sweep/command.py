@@ -14,13 +14,14 @@ result and re-runs the rest from scratch. DIR/sweep.json holds the grid and its 
 directory holding another grid is refused. `--shard K/N` runs every N-th case; `sweep --merge
 DIR...` joins shards (ladder/sweep/report.py, which also writes every sweep's report).
 
-`-j N` runs N worker processes (spawned, not forked: a forked torch with live OpenMP threads
-can hang). Each is pinned to its share of the CPUs (--threads, default CPUs // N): the OMP/MKL
+`-j N` computes in N processes: this one and N - 1 workers (spawned, not forked: a forked
+torch with live OpenMP threads can hang), so the first cases run while the workers import.
+Each is pinned to its share of the CPUs (--threads, default CPUs // N): the OMP/MKL
 variables are set before the workers start and again in their initializer, with
-torch.set_num_threads and the native step's own thread count, so N workers never run more
+torch.set_num_threads and the native step's own thread count, so N processes never run more
 threads than there are CPUs. Rows cross the pool as plain dicts; on disk they are JSON. The
-workers die with the sweep however it ends (_die_with_parent), and at most N cases are in
-the pool at a time, so a killed sweep leaves nothing running or queued behind it. A
+workers die with the sweep however it ends (_die_with_parent), and each holds at most one
+case at a time, so a killed sweep leaves nothing running or queued behind it. A
 result.json is read back as hostile input (sweep_row.read_row): a bad one is a case not done.
 """
 from __future__ import annotations
@@ -51,7 +52,8 @@ def add_parser(sub) -> None:
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="run shard K of N (cases with index %% N == K-1); default 1/1")
     p.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
-                   help="worker processes on this machine (default 1)")
+                   help="processes computing cases on this machine: this one and N - 1 "
+                        "workers (default 1)")
     p.add_argument("--threads", type=int, default=None, metavar="T",
                    help="threads per worker (default: CPUs // --jobs)")
     p.add_argument("--archives", default="all", choices=ARCHIVES,
@@ -95,7 +97,7 @@ def check_flags(args) -> None:
                              "reports its own missing cases)")
         parse_shard(args.shard or "1/1")
     if args.jobs < 1:
-        raise SweepError(f"-j {args.jobs}: must be >= 1 (worker processes)")
+        raise SweepError(f"-j {args.jobs}: must be >= 1 (processes computing cases)")
     if args.jobs > cpus():
         raise SweepError(f"-j {args.jobs}: more workers than the {cpus()} CPUs this process "
                          f"may use; they would only contend (use -j {cpus()} or fewer)")
@@ -276,34 +278,89 @@ def jobs_for(cases: list, out: str, base: str, archives: str = "all") -> list:
 
 
 def run_cases(jobs: list, workers: int, threads: int, native: bool, on_row,
-              flush_denormal: bool = False) -> None:
-    """Every job, in this process (-j 1) or a pool of spawned workers; on_row per finished."""
+              flush_denormal: bool = False, work=None) -> None:
+    """work(job) for every job (default run_case), on_row (in this thread) per finished: in
+    this process at -j 1; at -j N in this process beside N - 1 spawned workers. This process
+    has its imports done, so it computes from the first instant while a worker spends its
+    first seconds importing. `work` must be importable by name (a spawned worker imports it)."""
+    work = work or run_case
     with _pinned(threads, native, flush_denormal):
         if workers == 1 or len(jobs) <= 1:     # no pool to start for one case
             for job in jobs:
-                on_row(run_case(job))
+                on_row(work(job))
             return
-        import multiprocessing
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-        n = min(workers, len(jobs))
-        ex = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_init_worker,
-                                 initargs=(threads, native, flush_denormal, os.getpid()))
-        # at most n cases handed to the pool at a time: the rest stay here, so a stopped
-        # sweep leaves nothing queued in its workers' pipe to be run after it
-        todo, running = iter(jobs), set()
-        try:
-            for job in todo:
-                running.add(ex.submit(run_case, job))
-                if len(running) < n:
-                    continue
-                done, running = wait(running, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    on_row(fut.result())
-            for fut in wait(running).done:
-                on_row(fut.result())
-        finally:
+        _beside_workers(jobs, min(workers, len(jobs)) - 1, threads, native, flush_denormal,
+                        on_row, work)
+
+
+def _beside_workers(jobs, helpers, threads, native, flush_denormal, on_row, work) -> None:
+    """This thread computes cases while one feeder thread per worker hands that worker its
+    next case the moment it finishes one. One case per worker in the pool at a time (the
+    rest stay in `todo`), so a stopped sweep leaves nothing queued in a worker's pipe."""
+    import multiprocessing
+    import queue
+    import threading
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
+    ex = ProcessPoolExecutor(helpers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_init_worker,
+                             initargs=(threads, native, flush_denormal, os.getpid()))
+    todo, lock, stop, finished = deque(jobs), threading.Lock(), threading.Event(), queue.Queue()
+
+    def take():
+        with lock:
+            return todo.popleft() if todo and not stop.is_set() else None
+
+    def feed(fut):
+        while fut is not None:
+            try:
+                finished.put((fut.result(), None))
+            except BaseException as e:         # a worker's error, raised in this thread below
+                finished.put((None, e))
+                return
+            job = take()
+            try:
+                fut = ex.submit(work, job) if job is not None else None
+            except RuntimeError:                # shut down between take() and submit: stopped
+                return
+
+    def deliver(block: bool) -> None:
+        while True:
+            try:
+                row, err = finished.get(block=block, timeout=0.5 if block else None)
+            except queue.Empty:
+                return
+            if err is not None:
+                raise err
+            on_row(row)
+            block = False
+
+    feeders, done = [], False
+    try:
+        # submitted from this thread, so each worker is spawned by it (_die_with_parent's
+        # signal follows the spawning thread)
+        for _ in range(helpers):
+            job = take()
+            if job is not None:
+                feeders.append(threading.Thread(target=feed, args=(ex.submit(work, job),),
+                                                name="sweep-feeder", daemon=True))
+        for t in feeders:
+            t.start()
+        while (job := take()) is not None:
+            on_row(work(job))
+            deliver(block=False)
+        while any(t.is_alive() for t in feeders) or not finished.empty():
+            deliver(block=True)
+        # every case done: the idle workers exit (tearing down torch) while the caller goes
+        # on to its report; the interpreter joins them before it exits
+        ex.shutdown(wait=False)
+        done = True
+    finally:
+        stop.set()
+        if not done:                           # stopped: wait out the cases in flight
             ex.shutdown(wait=True, cancel_futures=True)
+        for t in feeders:
+            t.join()
 
 
 def manifest_of(grid, k: int, n: int) -> dict:
