@@ -6,8 +6,8 @@
 Builds a grid of --cases tiny-preset cases (seeds 0..N-1, dense weights, no plain check: the
 work of a real sweep at its smallest) and runs it through the sweep's own runner
 (`ladder.sweep.command.run_cases`: in this process at -j 1; above, in this process beside
-N - 1 spawned workers), each measurement into a fresh directory, so nothing is resumed. The -j values are measured side
-by side in one run, alternating (1, 2, then 2, 1, ...), so a load that comes and goes on a
+N - 1 spawned workers), each measurement into a fresh directory, so nothing is resumed. The
+-j values are measured side by side in one run, alternating (1, 2, then 2, 1, ...), so a load that comes and goes on a
 shared machine falls on both; each is the median of --repeats. Timed: from the first case
 submitted to the last result written, pool start-up included (what a user waits for), after
 one warm-up case. torch.set_flush_denormal(True) in every process that computes; the threads

@@ -360,7 +360,8 @@ def _beside_workers(jobs, helpers, threads, native, flush_denormal, on_row, work
         if not done:                           # stopped: wait out the cases in flight
             ex.shutdown(wait=True, cancel_futures=True)
         for t in feeders:
-            t.join()
+            if t.ident is not None:             # started (a failed setup starts none)
+                t.join()
 
 
 def manifest_of(grid, k: int, n: int) -> dict:
