@@ -49,10 +49,11 @@ def walsh_matrix(n: int, device) -> torch.Tensor:
     """Walsh(n)/sqrt(n) in Sylvester order, float32 (rounded once from float64)."""
     key = (n, str(torch.device(device)))
     if key not in _WALSH:
-        h = torch.ones(1, 1, dtype=torch.float64)
-        while h.shape[0] < n:
-            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-        _WALSH[key] = (h / math.sqrt(n)).float().to(device)
+        with torch.inference_mode(False):       # cached: a normal tensor for every caller
+            h = torch.ones(1, 1, dtype=torch.float64)
+            while h.shape[0] < n:
+                h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+            _WALSH[key] = (h / math.sqrt(n)).float().to(device)
     return _WALSH[key]
 
 

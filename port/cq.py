@@ -54,7 +54,10 @@ def _const(key: tuple, device, make) -> torch.Tensor:
     host-to-device copies, and weights of one width share their tables."""
     k = key + (str(torch.device(device)),)
     if k not in _CONSTANTS:
-        _CONSTANTS[k] = make().to(device)
+        # a normal tensor even if the first caller runs in inference mode (a sweep's case):
+        # later callers may use it outside it
+        with torch.inference_mode(False):
+            _CONSTANTS[k] = make().to(device)
     return _CONSTANTS[k]
 
 

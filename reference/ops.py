@@ -35,13 +35,16 @@ def _rope_tables(head_dim: int, length: int, theta: float, dtype: torch.dtype):
     # Built in the working dtype (f32: upstream's tables; f64: the arbiter's exact tables).
     # A 16-bit working dtype (the noise-floor reference) builds them in float32 and rounds
     # once: positions past 256 are not even integers in bfloat16, and no port builds them so.
-    if dtype in (torch.bfloat16, torch.float16):
-        cos, sin = _rope_tables(head_dim, length, theta, torch.float32)
-        return cos.to(dtype), sin.to(dtype)
-    expo = torch.arange(0, head_dim, 2, dtype=dtype) / head_dim
-    inv = 1.0 / torch.pow(torch.tensor(theta, dtype=dtype), expo)
-    angles = torch.outer(torch.arange(length, dtype=dtype), inv)
-    return torch.cos(angles), torch.sin(angles)
+    # Outside inference mode even when the first caller is in it (a sweep's case): a cached
+    # inference tensor would refuse later callers' autograd and in-place use.
+    with torch.inference_mode(False):
+        if dtype in (torch.bfloat16, torch.float16):
+            cos, sin = _rope_tables(head_dim, length, theta, torch.float32)
+            return cos.to(dtype), sin.to(dtype)
+        expo = torch.arange(0, head_dim, 2, dtype=dtype) / head_dim
+        inv = 1.0 / torch.pow(torch.tensor(theta, dtype=dtype), expo)
+        angles = torch.outer(torch.arange(length, dtype=dtype), inv)
+        return torch.cos(angles), torch.sin(angles)
 
 
 def rope_tables(head_dim: int, length: int, theta: float, dtype=torch.float32):
@@ -58,10 +61,11 @@ def apply_rope(x, cos, sin):
 
 @functools.lru_cache(maxsize=16)
 def _walsh(n: int, dtype: torch.dtype):
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return (h / math.sqrt(n)).to(dtype)
+    with torch.inference_mode(False):       # cached: see _rope_tables
+        h = torch.ones(1, 1, dtype=torch.float64)
+        while h.shape[0] < n:
+            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+        return (h / math.sqrt(n)).to(dtype)
 
 
 def walsh_matrix(n: int, dtype=torch.float32):

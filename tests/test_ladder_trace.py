@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -61,6 +63,73 @@ def test_recorders_refuse_protocol_violations():
     prec("embed", None, torch.zeros(4))
     with pytest.raises(TraceError, match="position 1 traced 1 points, position 0 traced 2"):
         prec.finish()
+
+
+def _port_recorder_after_position_0(points):
+    st = schedule([1, 2, 3], 3)[0]
+    rec = PortRecorder(Ladder([st]), st)
+    rec.next_position()
+    for name, layer in points:
+        rec(name, layer, torch.zeros(4))
+    rec.next_position()
+    return rec
+
+
+POSITION_0 = [("embed", None), ("u", 0), ("y", 0), ("u", 1)]
+
+
+@pytest.mark.parametrize("later, error", [
+    (POSITION_0, None),
+    (POSITION_0[:2] + [("u", 1), ("y", 0)], "position 1 traced 4 points, position 0 traced 4 "
+                                            "(or another order)"),
+    (POSITION_0 + [("y", 1)], "position 1 traced 5 points, position 0 traced 4"),
+    (POSITION_0[:3], "position 1 traced 3 points, position 0 traced 4"),
+    (POSITION_0[:2] + [("u", 0)], "prefill/L00.u traced twice at position 1"),
+    (POSITION_0[:1] + [("y", 0), ("y", 0)], "prefill/L00.y traced twice at position 1"),
+    ([("u", 0), ("embed", None), ("u", 0)], "prefill/L00.u traced twice at position 1"),
+], ids=["same", "swapped", "one more", "one fewer", "repeat in order", "repeat off order",
+        "repeat from the start"])
+def test_port_recorder_holds_every_position_to_position_0s_points(later, error):
+    rec = _port_recorder_after_position_0(POSITION_0)
+    if error is None:
+        for name, layer in later:
+            rec(name, layer, torch.zeros(4))
+        rec.next_position()
+        for name, layer in later:
+            rec(name, layer, torch.ones(4))
+        rec.finish()
+        assert rec.ladder.keys() == [f"prefill/{p}" for p in ("embed", "L00.u", "L00.y",
+                                                              "L01.u")]
+        assert torch.equal(rec.ladder["prefill/L00.y"][:, 0], torch.tensor([0.0, 0.0, 1.0]))
+        return
+    with pytest.raises(TraceError, match=re.escape(error)):
+        for name, layer in later:
+            rec(name, layer, torch.zeros(4))
+        rec.next_position()
+
+
+def test_port_recorder_refuses_a_point_twice_at_position_0():
+    with pytest.raises(TraceError, match="prefill/L00.y traced twice at position 0"):
+        _port_recorder_after_position_0(POSITION_0 + [("y", 0)])
+
+
+def test_traced_values_are_copies():
+    st = schedule([1, 2], 2)[0]
+    rec = PortRecorder(Ladder([st]), st)
+    live = torch.zeros(3)
+    for j in range(2):
+        rec.next_position()
+        live.fill_(j + 1)
+        rec("embed", None, live)
+    rec.finish()
+    assert torch.equal(rec.ladder["prefill/embed"], torch.tensor([[1.0] * 3, [2.0] * 3]))
+    grad = torch.ones(2, requires_grad=True)
+    rec2 = PortRecorder(Ladder([st]), st)
+    for _ in range(2):
+        rec2.next_position()
+        rec2("embed", None, grad * 2)
+    rec2.finish()
+    assert not rec2.ladder["prefill/embed"].requires_grad
 
 
 def test_capture_keeps_only_selected_points():

@@ -21,6 +21,7 @@ Exit status: 0 every point passes, 1 divergence, 2 bad input (the message names 
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from ladder.cli.parser import build_parser
@@ -99,10 +100,13 @@ def main(argv=None, out=print) -> int:
             refuse_other_options(args, sys.argv[1:] if argv is None else argv,
                                  parser().parse_args([args.cmd]))
         check_command(args)                 # every flag, before any work
-        if args.cmd != "dump" and (getattr(args, "list_faults", False)
-                                   or getattr(args, "plant", None)):
-            return with_fault(cmd, args, out)
-        return cmd(args, out)
+        from ladder.sides.model_input import computing
+        # a sweep picks the mode case by case (ladder/sweep/row.py), in every process alike
+        with contextlib.nullcontext() if args.cmd == "sweep" else computing(args):
+            if args.cmd != "dump" and (getattr(args, "list_faults", False)
+                                       or getattr(args, "plant", None)):
+                return with_fault(cmd, args, out)
+            return cmd(args, out)
     except TraceError as e:
         safe_print(f"divergence: {e}", file=sys.stderr)
         return 1

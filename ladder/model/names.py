@@ -11,8 +11,20 @@ class TraceError(ValueError):
     """A trace that breaks the protocol (a point twice, positions out of step, bad shapes)."""
 
 
+_LAYER_POINTS: dict = {}     # (name, layer) -> "L07.y": a capture spells the same few hundred
+
+
 def point_name(name: str, layer) -> str:
-    return name if layer is None else f"L{int(layer):02d}.{name}"
+    if layer is None:
+        return name
+    if type(layer) is int and type(name) is str:
+        point = _LAYER_POINTS.get((name, layer))
+        if point is None:
+            point = f"L{layer:02d}.{name}"
+            if len(_LAYER_POINTS) < 65536:  # bounded, whatever names a caller invents
+                _LAYER_POINTS[name, layer] = point
+        return point
+    return f"L{int(layer):02d}.{name}"
 
 
 def layer_of(point: str):

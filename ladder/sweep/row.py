@@ -141,13 +141,14 @@ def case_row(case, base: str):
     from ladder.cli.errors import input_errors
     from ladder.sweep.grid import run_args, run_argv
     from ladder.engine.trace import TraceError
+    from ladder.sides.model_input import computing
     row = empty_row(case, " ".join(["python -m ladder run", *run_argv(case, None)]))
     lines, archive = [], None
     try:
         args = run_args(case, base)
         check(args)
         # the capture bar draws on a terminal: in a sweep it would interleave across workers
-        with contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stderr(io.StringIO()), computing(args):
             got = (_compared_port(args, lines.append) if args.port else
                    with_fault(_compared, args, lines.append) if args.plant
                    else _compared(args, lines.append))
