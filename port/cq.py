@@ -28,7 +28,9 @@ from reference import cact
 GROUP = cact.GROUP
 FORMS = ("dense", "packed")
 _ROW_CHUNK = 4096       # rows per slice of the packed path, to bound its temporaries
-_H = torch.tensor(1.0 / math.sqrt(GROUP), dtype=torch.float64).to(torch.float32)
+# module constants: normal tensors even when first imported inside inference mode
+with torch.inference_mode(False):
+    _H = torch.tensor(1.0 / math.sqrt(GROUP), dtype=torch.float64).to(torch.float32)
 
 
 class CqError(ValueError):
@@ -45,7 +47,8 @@ def _sylvester(n: int) -> torch.Tensor:
 # Sylvester matrices factor as Kronecker products, H128 = H8 (x) H16, so the transform of a
 # group viewed as [8, 16] is H8 @ X @ H16: a mixed-radix fast Walsh-Hadamard transform of
 # 128 * (8 + 16) add/subtracts (the +-1 products are exact), in two small matmuls.
-_H8, _H16 = _sylvester(8), _sylvester(16)
+with torch.inference_mode(False):      # module constants, as _H
+    _H8, _H16 = _sylvester(8), _sylvester(16)
 _CONSTANTS = {}
 
 

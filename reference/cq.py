@@ -39,8 +39,10 @@ _CODEBOOK_HEX = (
     "be41cdbb bdf16db0 bd87797d bcac246c 3cb50d39 3d88c69c 3df23363 3e4261c1 "
     "be7547c2 be390b02 be105747 bddf41f9 bda6f045 bd67898a bd06eb34 bc25be0a "
     "3c5040f6 3d124277 3d738a80 3dae086f 3de6e514 3e142b6e 3e3ca926 3e781699")
-HEADER_CODEBOOK = torch.tensor([int(h, 16) for h in _CODEBOOK_HEX.split()],
-                               dtype=torch.int64).to(torch.int32).view(torch.float32)
+# module constants: normal tensors even when first imported inside inference mode
+with torch.inference_mode(False):
+    HEADER_CODEBOOK = torch.tensor([int(h, 16) for h in _CODEBOOK_HEX.split()],
+                                   dtype=torch.int64).to(torch.int32).view(torch.float32)
 
 
 def _f32(x: float) -> torch.Tensor:
@@ -78,7 +80,8 @@ def blob_size(out: int, in_dim: int, bits: int) -> tuple:
 
 
 # ---------------------------------------------------------------- exact Hadamard arithmetic
-_H32 = _f32(1.0 / math.sqrt(GROUP))                                   # every |Hg| entry
+with torch.inference_mode(False):      # a module constant (see HEADER_CODEBOOK)
+    _H32 = _f32(1.0 / math.sqrt(GROUP))                               # every |Hg| entry
 _H_HI = float(torch.tensor(int(_H32.view(torch.int32)) & ~0xFFF,
                            dtype=torch.int32).view(torch.float32))    # top 12 bits of h
 _H_LO = float(_H32) - _H_HI                                           # the other 12, exact

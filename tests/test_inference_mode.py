@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -101,3 +103,50 @@ def test_tables_cached_inside_inference_mode_are_normal_tensors():
     w = ops.walsh_matrix(16).clone().requires_grad_()
     (w * ops.walsh_matrix(16)).sum().backward()
     assert torch.equal(w.grad, ops.walsh_matrix(16))
+
+
+def test_a_protocol_port_runs_in_its_callers_mode_in_run_sweep_and_shrink(tmp_path):
+    from tests.ports import mode_probe
+    port = "tests.ports.mode_probe:build"
+    flags = ["--preset", "tiny", "--prompt-len", "2", "--steps", "1", "--no-check-plain"]
+    quiet = dict(out=lambda *a, **k: None)
+    mode_probe.MODES.clear()
+    assert main(["run", "--port", port, *flags], **quiet) == 1          # the buggy port
+    grid = tmp_path / "g.toml"
+    grid.write_text(f'[sweep]\nname = "probe"\n[grid]\nseed = [0]\n[fixed]\npreset = "tiny"\n'
+                    f'prompt_len = 2\nsteps = 1\nno_check_plain = true\nport = "{port}"\n')
+    main(["sweep", str(grid), "--out", str(tmp_path / "sw"), "-j", "1"], **quiet)
+    main(["shrink", "--from-sweep", str(tmp_path / "sw"), "c0000", "--max-time", "2",
+          "--out", str(tmp_path / "repro")], **quiet)
+    assert len(mode_probe.MODES) > 9 and not any(mode_probe.MODES)
+
+
+SCAN = """
+import gc, importlib, pkgutil, sys, torch
+from ladder.cli.main import main
+names = []
+with torch.inference_mode():
+    for pkg in ("bounded", "reference", "port", "kernels", "ladder"):
+        for info in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + "."):
+            if not info.name.endswith("__main__"):
+                importlib.import_module(info.name)
+                names.append(info.name)
+for argv in (["run", "--steps", "2"], ["run", "--model", "attn_v41"], ["run", "--weights", "cq",
+             "--steps", "2"], ["locate", "--steps", "2", "--plant", "hpost_one"]):
+    main(argv, out=lambda *a, **k: None)
+gc.collect()
+live = [type(o).__name__ + str(tuple(o.shape)) for o in gc.get_objects()
+        if isinstance(o, torch.Tensor) and o.is_inference()]
+print(len(names), "modules", "LIVE", live)
+"""
+
+
+def test_nothing_built_inside_inference_mode_outlives_it():
+    """Every module imported inside the mode, then four commands: no inference tensor is
+    left alive afterwards (module constants, caches), so the process goes on as before."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", SCAN], capture_output=True, text=True,
+                       cwd=root, env=dict(os.environ, PYTHONPATH=root), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = r.stdout.strip().splitlines()[-1]
+    assert int(line.split()[0]) > 100 and line.endswith("LIVE []"), line

@@ -166,3 +166,19 @@ def test_tracing_changes_no_bit_and_the_check_can_fail(monkeypatch):
     with pytest.raises(TraceError, match="traced run differs from the plain run at step "
                                          "prefill"):
         capture_reference(params, cfg, toks, prompt, check_plain=True)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_copy_values_keeps_values_only():
+    """A captured value carries no autograd of either kind (a forward-mode tangent neither)."""
+    import torch.autograd.forward_ad as fwAD
+    from ladder.engine.trace import copy_values
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(torch.ones(3), torch.full((3,), 2.0))
+        got = copy_values(dual, None)
+        assert fwAD.unpack_dual(got).tangent is None
+    assert torch.equal(got, torch.ones(3))
+    half = copy_values(torch.tensor([1.5], dtype=torch.bfloat16), None)
+    assert half.dtype == torch.float32 and torch.equal(half, torch.tensor([1.5]))
+    with pytest.raises(AttributeError, match="detach"):
+        copy_values([1.0, 2.0], None)

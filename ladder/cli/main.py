@@ -101,8 +101,10 @@ def main(argv=None, out=print) -> int:
                                  parser().parse_args([args.cmd]))
         check_command(args)                 # every flag, before any work
         from ladder.sides.model_input import computing
-        # a sweep picks the mode case by case (ladder/sweep/row.py), in every process alike
-        with contextlib.nullcontext() if args.cmd == "sweep" else computing(args):
+        # a sweep picks the mode case by case (ladder/sweep/row.py), in every process alike,
+        # and `shrink --from-sweep` once it has read the case's flags (ladder/cli/shrink.py)
+        own_mode = args.cmd == "sweep" or getattr(args, "from_sweep", None)
+        with contextlib.nullcontext() if own_mode else computing(args):
             if args.cmd != "dump" and (getattr(args, "list_faults", False)
                                        or getattr(args, "plant", None)):
                 return with_fault(cmd, args, out)

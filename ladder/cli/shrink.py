@@ -134,10 +134,13 @@ def cmd_shrink(args, out=print) -> int:
     if args.from_sweep:
         from ladder.cli.args import check as check_args
         from ladder.cli.commands import with_fault
+        from ladder.sides.model_input import computing
         args = _from_sweep(args, out)
         check_args(args)
-        if args.plant:                  # the case's fault, planted as `run` plants it
-            return with_fault(_shrink, args, out)
+        with computing(args):           # the case's port decides, as `shrink --port` would
+            if args.plant:              # the case's fault, planted as `run` plants it
+                return with_fault(_shrink, args, out)
+            return _shrink(args, out)
     return _shrink(args, out)
 
 

@@ -129,11 +129,12 @@ class Ladder:
 
 
 def copy_values(v, dtype) -> torch.Tensor:
+    v = v.detach()
     if dtype is None:
         dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
-    if v.dtype == dtype and not v.requires_grad and v.device.type == "cpu":
-        return v.clone()                # what .to(copy=True) makes, in half its time
-    return v.detach().to(device="cpu", dtype=dtype, copy=True)
+    if v.dtype == dtype and v.device.type == "cpu":
+        return v.clone()                # what .to(copy=True) makes, in two thirds of its time
+    return v.to(device="cpu", dtype=dtype, copy=True)
 
 
 class ReferenceRecorder:

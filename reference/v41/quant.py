@@ -24,8 +24,10 @@ import math
 import torch
 
 FP8_MAX, FP4_MAX = 448.0, 6.0
-INV_448 = torch.tensor(1.0 / FP8_MAX, dtype=torch.float32)
-INV_6 = torch.tensor(1.0 / FP4_MAX, dtype=torch.float32)
+# module constants: normal tensors even when first imported inside inference mode
+with torch.inference_mode(False):
+    INV_448 = torch.tensor(1.0 / FP8_MAX, dtype=torch.float32)
+    INV_6 = torch.tensor(1.0 / FP4_MAX, dtype=torch.float32)
 
 
 class QuantError(ValueError):
