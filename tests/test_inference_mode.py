@@ -99,7 +99,7 @@ def test_tables_cached_inside_inference_mode_are_normal_tensors():
                 hadamard_mlp.walsh_matrix(2, "cpu")]
         assert torch.ones(1).is_inference()           # the mode is on for new tensors
     assert not any(t.is_inference() for t in made)
-    # later callers outside the mode use them as any tensor, in-place work included
+    # a later caller outside the mode can save them for backward (an inference tensor refuses)
     w = ops.walsh_matrix(16).clone().requires_grad_()
     (w * ops.walsh_matrix(16)).sum().backward()
     assert torch.equal(w.grad, ops.walsh_matrix(16))
