@@ -4,7 +4,7 @@ A kernel loads its activations in any of ACT_DTYPES, widens them to float32 at o
 float32 (in registers), and rounds each stored result to the activation dtype, round to nearest,
 ties to even. That is what a bfloat16 or float16 decode body on a GPU does, and it makes the
 16-bit path the float32 path plus one rounding per store: a kernel fed 16-bit inputs stores
-exactly `narrow(its float32 result on the widened inputs)` (tests/test_fused_precision.py holds
+exactly `narrow(its float32 result on the widened inputs)` (tests/port/test_fused_precision.py holds
 every kernel to that, bit for bit).
 
 Why the rounding is written out for bfloat16: Triton's interpreter converts float32 to bfloat16

@@ -1,7 +1,7 @@
 """The parity harness: capture, compare, locate, tolerance tables, fixtures, CLI.
 
 Subpackages, lowest first; each may import only the ones above it (docs/design.md, "Layout";
-tests/test_ladder_imports.py holds every line of every file to it):
+tests/project/test_imports.py holds every line of every file to it):
 
     model/          needle v2 as the harness sees it, as data: point names, the registry of
                     points, the geometry. Imports nothing of the project.

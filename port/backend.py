@@ -253,7 +253,7 @@ def check_names(backend: str, decode: str):
 
 def check_precision(prec, backend: str, decode: str) -> None:
     """PrecisionError unless `backend` computes at `prec` under `decode` (ladder/cli/args.py
-    restates the rule without torch; tests/test_fused_precision.py holds the two equal)."""
+    restates the rule without torch; tests/port/test_fused_precision.py holds the two equal)."""
     from .precision import PrecisionError
     check_names(backend, decode)
     if not BACKEND_CLASSES[backend].runs_precision(prec, decode):

@@ -14,7 +14,7 @@ Compute forms (pick per backend):
   "dense"   expands the pre-rotation rows `levels[idx] * norm` to float32 once at load and runs
             a plain matmul. ~4 bytes per weight, the fast CPU path (per-call unpacking in
             PyTorch on CPU is several times slower than a dense matvec).
-Both agree with the exactly dequantised matrix within float32 rounding (tests/test_cq.py states
+Both agree with the exactly dequantised matrix within float32 rounding (tests/port/test_cq.py states
 the measured bound). The packing is decoded here independently of reference/cq.py.
 """
 from __future__ import annotations

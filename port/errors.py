@@ -1,5 +1,5 @@
 """The port's refusal of a step, in a module of its own so every part of port/ can raise it
-without importing the model (no import circle: tests/test_port_imports.py)."""
+without importing the model (no import circle: tests/project/test_port_imports.py)."""
 from __future__ import annotations
 
 

@@ -75,7 +75,7 @@ KERNELS = {name: SimpleNamespace(**{k: getattr(mod, f"{base}_{suffix}")
 if os.environ.get("TRITON_INTERPRET") == "1":
     # The interpreter runs a grid's programs one after another at ~8 ms each: wide output
     # blocks make the products several times faster on a CPU. Each output's reduction order
-    # does not depend on the block width, so neither do its bits (tests/test_fused.py).
+    # does not depend on the block width, so neither do its bits (tests/port/test_fused.py).
     _t = KERNELS["triton"]
     _t.norm_gemv = functools.partial(_t.norm_gemv, block_n=256)
     _t.norm_cq_gemv = functools.partial(_t.norm_cq_gemv, block_rows=64)

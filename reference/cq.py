@@ -15,7 +15,7 @@ Arithmetic is chosen to be exact or deterministic on every machine, never "whate
   rounded once (error-free split plus round-to-odd). upstream's read_export computes the same
   product as a float32 numpy matmul, whose summation order is the BLAS kernel's (it changes
   with the matrix shape and the CPU): the two differ by that float32 rounding, <= 1e-6 of the
-  matrix's max |w| (tests/test_cact.py).
+  matrix's max |w| (tests/reference/test_cact.py).
 * quantise: the rotation uses the same exact-sum route; norms are a fixed-order tree sum. The
   index choice then reproduces upstream's f32 elementwise rule (ties -> the lower level).
 """

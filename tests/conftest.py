@@ -1,3 +1,4 @@
+from tests import paths
 import os
 
 import pytest
@@ -18,9 +19,9 @@ settings.register_profile("ci", deadline=None, derandomize=True, max_examples=25
 settings.register_profile("dev", deadline=None, max_examples=25)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# pytester: the plugin's tests run inner pytest sessions (tests/test_pytest_plugin.py)
+FIXTURES = paths.FIXTURES
+ROOT = paths.ROOT
+# pytester: the plugin's tests run inner pytest sessions (tests/ladder/pytest_plugin/test_plugin.py)
 pytest_plugins = ["pytester"]
 
 

@@ -21,12 +21,12 @@ fi
 # Triton interpreter on and records Triton launches without running them, so it must not share
 # a process with real CUDA kernels. Its preset is the table's.
 rm -f "$RESULTS/launches.json" "$RESULTS/device_check.json"     # never a stale table
-CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $PY tools/count_launches.py "${TABLE_ARGS[@]:0:2}" \
+CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $PY tools/bench/count_launches.py "${TABLE_ARGS[@]:0:2}" \
     --eager --top 5 --json "$RESULTS/launches.json" >"$RESULTS/launches.log" 2>&1 &
 count_pid=$!
-$PY -m pytest -q tests/test_kernels_*.py tests/test_graph.py tests/test_model_device.py \
-    tests/test_count_launches.py tests/test_fused.py tests/test_fused_precision.py \
-    tests/test_port.py::test_triton_backend_matches_torch_backend
+$PY -m pytest -q tests/test_kernels_*.py tests/port/test_graph.py tests/port/test_model_device.py \
+    tests/tools/test_count_launches.py tests/port/test_fused.py tests/port/test_fused_precision.py \
+    tests/port/test_model.py::test_triton_backend_matches_torch_backend
 status=$?
 # Issue 12: each fused decode kernel against its torch twin at the shipped shapes, and packed
 # CQ weights stepping on the device.
@@ -34,7 +34,7 @@ $PY - <<'PYEOF' || status=1
 import time, torch
 if not torch.cuda.is_available():
     print("fused kernels vs twins: SKIPPED (needs a GPU); their tests ran above on CPU")
-    print("cq on CUDA: SKIPPED (needs a GPU); tests/test_model_device.py checked devices on meta")
+    print("cq on CUDA: SKIPPED (needs a GPU); tests/port/test_model_device.py checked devices on meta")
     raise SystemExit(0)
 from kernels.mhc_route import mhc_route_torch, mhc_route_triton
 from kernels.norm_gemv import (norm_gemv_torch, norm_gemv_triton, norm_cq_gemv_torch,
@@ -112,8 +112,8 @@ print(f"sparse_attn decode (K={K}): torch {a:.1f} us, triton {b:.1f} us, ratio {
 PYEOF
 # Issue #8: DeepSeek-V4.1 attention on the GPU (CUDA-graph replay vs eager bytes, Triton and the
 # torch twin vs the reference); on CPU the GPU file skips and the rest runs under the interpreter.
-$PY -m pytest -q -s tests/test_attn_v41_cuda.py tests/test_attn_v41_props.py \
-    tests/test_attn_v41_port.py || status=1
+$PY -m pytest -q -s tests/port/v41/test_cuda.py tests/port/v41/test_bit_exact_properties.py \
+    tests/port/v41/test_attn.py || status=1
 if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     # (the V4.1 run always checks graph replay against eager; it refuses --decode)
     $PY -m ladder run --model attn_v41 --device cuda --backend triton || status=1
@@ -145,7 +145,7 @@ fi
 [ "${DEVICE_CHECK_COMPILE:-0}" = 1 ] && TABLE_ARGS+=(--compile)
 [ -n "${DEVICE_CHECK_UPSTREAM_PYTHON:-}" ] && \
     TABLE_ARGS+=(--upstream-python "$DEVICE_CHECK_UPSTREAM_PYTHON")
-$PY tools/bench_gpu_decode.py "${TABLE_ARGS[@]}" --launches "$RESULTS/launches.json" \
+$PY tools/bench/bench_gpu_decode.py "${TABLE_ARGS[@]}" --launches "$RESULTS/launches.json" \
     --json "$RESULTS/device_check.json" || status=1
 echo "device_check: table written to $RESULTS/device_check.json"
 exit $status

@@ -32,7 +32,7 @@ SOURCES = [os.path.join(HERE, f) for f in ("needle_step.c", "dots.c", "cq_packed
 HEADERS = [os.path.join(HERE, f) for f in ("native.h", "captures.h", "faults.h")]
 PROGRAM = os.path.join(HERE, "needle_trace.c")      # the standalone executable's main
 # $NEEDLE_NATIVE_MARCH overrides -march (e.g. x86-64: no AVX, the scalar paths), which is
-# how tests/test_native.py checks that the vector width changes no bit.
+# how tests/port/test_native.py checks that the vector width changes no bit.
 MARCH = os.environ.get("NEEDLE_NATIVE_MARCH", "native")
 FLAGS = ["-O3", f"-march={MARCH}", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-fPIC",
          "-shared"]

@@ -121,7 +121,7 @@ def _port_timeout(args) -> None:
 
 # Where our port computes below float32, by (backend, decode): "any" precision, or "kv=act" (the
 # KV cache in the activation dtype). port/backend.py `runs_precision` is the rule; this restates
-# it so a refusal comes before torch is imported (tests/test_fused_precision.py holds them equal).
+# it so a refusal comes before torch is imported (tests/port/test_fused_precision.py holds them equal).
 BELOW_FLOAT32 = {("torch", "eager"): "any", ("triton", "eager"): "kv=act",
                  ("triton", "graph"): "kv=act"}
 

@@ -9,7 +9,7 @@ locate  the same, then the first divergence scanned inside its layer (a linear s
 report  the same, written as markdown, CSV and a self-contained HTML page.
 shrink  the first divergence shrunk to its smallest reproducer, written as a pytest file
         (ladder/cli/shrink.py, ladder/engine/shrink.py).
-regen   (re)write the forward-parity fixture (tools/gen_v2_forward_parity.py calls this).
+regen   (re)write the forward-parity fixture (tools/fixtures/gen_v2_forward_parity.py calls this).
 rules   print the default tolerance rules as TOML/JSON, a starting point for --rules.
 points  print the registry: every point's name, shape and scope in forward order.
 compare A [B]  any two ladders: trace archives, needle-rs fixtures, our fixtures, the live

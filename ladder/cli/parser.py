@@ -1,6 +1,6 @@
 """The command line's parser: every command and flag with its help (`python -m ladder --help`,
 `python -m ladder COMMAND --help`). The help is the reference: each flag says what it does and
-its default; docs/cli.md's flag tables are held to it (tests/test_cli_help.py).
+its default; docs/cli.md's flag tables are held to it (tests/ladder/cli/test_help.py).
 """
 from __future__ import annotations
 

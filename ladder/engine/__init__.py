@@ -7,6 +7,6 @@ a recomputed one (stand_in.py), reports and the error-growth plot (report.py, pl
 writing files atomically (atomic.py, safe_print.py).
 
 May import: bounded/ and ladder/model/ only; never reference/, port/ or kernels/, not even
-inside a function (tests/test_ladder_imports.py). Any runner's outputs, saved or live, go
+inside a function (tests/project/test_imports.py). Any runner's outputs, saved or live, go
 through it as `Ladder`s.
 """

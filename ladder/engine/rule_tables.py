@@ -67,7 +67,7 @@ NOISE_K = 4.0
 NOISE_WHY = ("an honest implementation at the declared precision drifts from the float32 truth "
              "by about the noise floor's own error (the reference at that precision); 4 units: "
              "0 false alarms in 102 honest bf16/fp16/int8-KV runs, the worst at 0.80 of this "
-             "allowance (tools/precision_sweep.py, docs/precision.md)")
+             "allowance (tools/precision/precision_sweep.py, docs/precision.md)")
 PORT_NOISE_RULES = {
     "port/*": Rule(3e-5, floor=ZERO_FLOOR, noise=NOISE_K, why=NOISE_WHY + "; never below the "
                    "float32 port bound" + ZERO_WHY),
@@ -134,7 +134,7 @@ KERNEL_RULES = {
     "final_norm/*": Rule(1e-6, why="an n-lane mean and a ZC norm over d in f32 vs float64: "
                                    "measured <= 9e-8 of max|mean| and <= 1.9e-7 of max|hidden| "
                                    "(twin and kernel, d <= 512, 5 seeds)"),
-    # 16-bit activations (kernels/narrow.py; tests/test_fused_precision.py): two float32
+    # 16-bit activations (kernels/narrow.py; tests/port/test_fused_precision.py): two float32
     # computations a few ulps apart, each rounded once to nearest, land on the same or on
     # adjacent 16-bit values, so the Triton kernel and its twin differ by at most one spacing
     # of the dtype at an element's magnitude: 2^-7 (bfloat16) or 2^-10 (float16) of max|ref|.
@@ -196,7 +196,7 @@ V41_RULESET = RuleSet(rules=dict(V41_RULES),
                       source="ladder/engine/rule_tables.py (V41_RULES)")
 
 
-V41_DEVICE_FLIPS = CountBound(0.02, why=(   # read by tests/test_attn_v41_cuda.py
+V41_DEVICE_FLIPS = CountBound(0.02, why=(   # read by tests/port/v41/test_cuda.py
     "issue #8 / spec §7: on a GPU, cuBLAS and the device RoPE products sum in other orders than "
     "the CPU, so a bf16 index score can move by one ulp and flip a selection at an exact "
     "near-tie; at most 2% of the fixture's (call, layer) steps may carry a flipped topk_idxs "

@@ -86,7 +86,7 @@ class BatchFloor:
 def batch_units(F, B64, pos_starts, pos_first, S, pos_b, pos_d, floors: FloorBatch):
     """floor_at's units and three_way's columns for every point of a batch at once, with
     the same float64 operations: maxima are exact whatever their order, so the segmented
-    forms equal the per-point ones bit for bit (tests/test_compare_batch.py holds them so).
+    forms equal the per-point ones bit for bit (tests/ladder/engine/test_batch.py holds them so).
     F: the floors laid end to end as B64 is (finite: batch.measure sends the rest back);
     pos_starts, pos_first, S, pos_b, pos_d: batch.measure's per-position layout."""
     FD = np.subtract(F.astype(np.float64, copy=False), B64)

@@ -19,7 +19,7 @@ Every backend the project ships gets the fault in its own code:
   (`Fault.not_in(backend)`), and planting it there raises FaultError.
 
 Every fault declares the capture point it touches first and the first position where it can
-show. tests/test_ladder_faults.py checks the declaration bit for bit (clean port vs faulty
+show. tests/ladder/sides/test_faults.py checks the declaration bit for bit (clean port vs faulty
 port: the first point that differs at all) and then that `locate` (faulty port vs the
 reference, under the tolerance rules) names exactly that point.
 """

@@ -28,6 +28,8 @@ from bounded.io import parse_json, read_capped
 from ladder.engine.trace import Ladder, schedule
 
 SCHEMA = 1
+# The generator's name as every fixture records it. The script has since moved to
+# tools/fixtures/; the recorded name stays, so the committed fixture keeps its bytes.
 GENERATOR = "tools/gen_v2_forward_parity.py"
 VALUES = "reference.decode.forward_cached on float64 parameters, rounded to float32"
 MAX_MANIFEST = 64 * 1024 * 1024

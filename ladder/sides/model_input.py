@@ -21,7 +21,7 @@ class LadderInputError(ValueError):
 def computing(args):
     """The mode a command or sweep case computes our own sides in: torch's inference mode.
     They compute no gradients, and dropping autograd's per-op bookkeeping makes a tiny
-    `run` about 15 % cheaper with the same bits (tests/test_inference_mode.py). A protocol
+    `run` about 15 % cheaper with the same bits (tests/ladder/sides/test_inference_mode.py). A protocol
     port (`--port`) is the porter's code: it runs in the caller's mode."""
     import contextlib
     return contextlib.nullcontext() if getattr(args, "port", None) else torch.inference_mode()

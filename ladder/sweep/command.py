@@ -246,7 +246,7 @@ def _init_worker(threads: int, native: bool, flush_denormal: bool = False,
         os.environ[v] = str(threads)
     import torch
     torch.set_num_threads(threads)
-    if flush_denormal:                      # tools/bench_sweep.py only: `run` never sets it
+    if flush_denormal:                      # tools/bench/bench_sweep.py only: `run` never sets it
         torch.set_flush_denormal(True)
     if native:
         from kernels.native import set_threads

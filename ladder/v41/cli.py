@@ -111,7 +111,7 @@ def cmd_run(args, out=print) -> int:
            f"consecutive capturable layers {graph.segments()}"
            if graph.dev.type == "cuda" else
            "no CUDA: capturable body run eagerly on static buffers; capture+replay is "
-           "tests/test_attn_v41_cuda.py")
+           "tests/port/v41/test_cuda.py")
     out("")
     out(f"decode graph vs eager: {n - len(bad)}/{n} capturable layer-steps byte-identical "
         f"({how})" + (f"; first mismatch {bad[0]}" if bad else ""))

@@ -1,5 +1,5 @@
 """tests/ports/toy_port.py's buggy port, noting whether each step ran in torch's inference
-mode (tests/test_inference_mode.py: a protocol port runs in its caller's mode)."""
+mode (tests/ladder/sides/test_inference_mode.py: a protocol port runs in its caller's mode)."""
 from __future__ import annotations
 
 import torch

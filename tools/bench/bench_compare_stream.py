@@ -1,0 +1,161 @@
+"""How `ladder compare` streams two trace archives: peak memory and time against the in-memory
+comparison `run` does on the same ladders.
+
+    python tools/bench/bench_compare_stream.py [--preset shipped] [--prompt-len 6] [--steps 294]
+                                         [--dir DIR] [--json FILE]
+
+Writes (or reuses, in --dir) two archives of the same schedule: the torch port's dump and the
+reference's (`python -m ladder dump`). Then, each in its own child process so one cannot warm
+the other's memory: "memory" loads both ladders whole and times compare_ladders (what `run`
+spends comparing); "stream" opens both lazily (ladder/engine/archive.py LazyValues: one step of each
+side held) and times the same call. Peak memory is the child's peak resident set during the
+comparison above its resident set just before it (the kernel's high-water mark, reset first
+through /proc/self/clear_refs; after a warm-up comparison of one step, so one-time costs are
+not counted), beside the largest single step of the two archives together.
+The comparison's own result rows (one PointResult per step and point) are counted separately:
+they are the output, and grow with the schedule whatever the inputs' layout. Expected runtime
+on the 2-core machine at the shipped defaults: about 3 minutes to write the archives, 1 minute
+for the two comparisons. Records thread count, medians of --repeat runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def child(mode: str, a: str, b: str) -> dict:
+    import torch
+    torch.set_flush_denormal(True)
+    torch.set_num_threads(1)
+    from ladder.engine.compare import compare_ladders
+    from ladder.engine.rules import DEFAULT_RULES
+    from ladder.engine.trace import Ladder
+    la, lb = Ladder.load(a, lazy=mode == "stream"), Ladder.load(b, lazy=mode == "stream")
+    largest = 0
+    for st in lb.steps:
+        n = 0
+        for lad in (la, lb):
+            for p in lad.points(st.name):
+                if lad.values is not None and hasattr(lad.values, "_infos"):
+                    shape = lad.values._infos[f"{st.name}/{p}"][1]
+                    k = 4
+                    for d in shape:
+                        k *= d
+                    n += k
+                else:
+                    t = lad[f"{st.name}/{p}"]
+                    n += t.numel() * t.element_size()
+        largest = max(largest, n)
+    # Warm up on one decode step first: the first comparison in a process pays ~25 MB of
+    # one-time costs (kernels, numpy and allocator arenas) whatever the ladders' size, which
+    # would otherwise read as the comparison's memory.
+    st = la.steps[1] if len(la.steps) > 1 else la.steps[0]
+    sub = lambda lad: Ladder([st], {f"{st.name}/{p}": lad[f"{st.name}/{p}"]  # noqa: E731
+                                    for p in lad.points(st.name)}, lad.label)
+    compare_ladders(sub(la), sub(lb), DEFAULT_RULES, keep="summary" if mode == "stream"
+                    else "all")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")                          # reset VmHWM to the current RSS
+    except OSError:
+        pass
+    before = _rss_kib("VmRSS")
+    t0 = time.perf_counter()
+    # memory: what `run` does (every row kept); stream: what `compare` does (rows folded)
+    cmp = compare_ladders(la, lb, DEFAULT_RULES, keep="summary" if mode == "stream" else "all")
+    dt = time.perf_counter() - t0
+    peak = _rss_kib("VmHWM")
+    rows = sum(sys.getsizeof(r) + sys.getsizeof(r.errors) for r in cmp.rows)
+    # the archives' bytes in memory at once, counted by the lazy reader (exact, unlike RSS)
+    held = sum(getattr(lad.values, "peak_held", 0) for lad in (la, lb))
+    return {"mode": mode, "compare_s": dt, "peak_extra_bytes": (peak - before) * 1024,
+            "largest_step_bytes": largest, "rows": cmp.total_rows if cmp.folded else
+            len(cmp.rows), "rows_kept": len(cmp.rows), "rows_bytes": rows,
+            "passed": cmp.passed, "threads": torch.get_num_threads(),
+            "values_held_bytes": held if mode == "stream" else largest_all(la, lb)}
+
+
+def largest_all(la, lb) -> int:
+    """In memory: every value of both ladders is held."""
+    return sum(v.numel() * v.element_size() for lad in (la, lb) for v in lad.values.values())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="shipped", choices=["tiny", "shipped"])
+    ap.add_argument("--prompt-len", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=294)
+    ap.add_argument("--dir", default=None, help="where the archives go (reused if present)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(*args.child)))
+        return 0
+    import tempfile
+    d = args.dir or tempfile.mkdtemp(prefix="bench-stream-")
+    os.makedirs(d, exist_ok=True)
+    flags = ["--preset", args.preset, "--prompt-len", str(args.prompt_len), "--steps",
+             str(args.steps), "--no-check-plain", "--max-memory", "8G"]
+    paths = {}
+    env = dict(os.environ, PYTHONPATH=REPO)
+    for side in ("torch", "reference"):
+        p = paths[side] = os.path.join(d, f"{args.preset}-{args.prompt_len}-{args.steps}-{side}"
+                                          f".safetensors")
+        if not os.path.exists(p):
+            print(f"writing {p} ...", file=sys.stderr, flush=True)
+            subprocess.run([sys.executable, "-m", "ladder", "dump", side, "--out", p, *flags],
+                           check=True, env=env, stdout=subprocess.DEVNULL)
+    results = {}
+    for mode in ("memory", "stream"):
+        runs = []
+        for i in range(args.repeat):
+            print(f"{mode} {i + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
+            out = subprocess.run([sys.executable, __file__, "--child", mode, paths["torch"],
+                                  paths["reference"]], check=True, env=env,
+                                 capture_output=True, text=True).stdout
+            runs.append(json.loads(out.strip().splitlines()[-1]))
+        runs.sort(key=lambda r: r["compare_s"])
+        results[mode] = dict(runs[len(runs) // 2], compare_s_all=[r["compare_s"] for r in runs])
+    mem, st = results["memory"], results["stream"]
+    archive_bytes = sum(os.path.getsize(p) for p in paths.values())
+    print(f"{args.preset}, prompt {args.prompt_len} + {args.steps} steps, {st['rows']} rows, "
+          f"{st['threads']} torch thread(s), median of {args.repeat}")
+    for r in (mem, st):
+        r["archive_mb_per_s"] = archive_bytes / 1e6 / r["compare_s"]
+    print(f"  archives {archive_bytes / 1e6:.0f} MB: stream compares "
+          f"{st['archive_mb_per_s']:.0f} MB/s of archive, {st['rows'] / st['compare_s']:.0f} "
+          f"rows/s")
+    for r in (mem, st):
+        print(f"  {r['mode']:6s}: compare {r['compare_s']:.2f} s, archive values held at most "
+              f"{r['values_held_bytes'] / 1e6:.1f} MB, RSS peak +{r['peak_extra_bytes'] / 1e6:.1f} "
+              f"MB (largest step {r['largest_step_bytes'] / 1e6:.1f} MB, result rows "
+              f"{r['rows_bytes'] / 1e6:.1f} MB)")
+    print(f"  stream values held / largest step: "
+          f"{st['values_held_bytes'] / st['largest_step_bytes']:.2f}x")
+    print(f"  stream / memory time: {st['compare_s'] / mem['compare_s']:.2f}x; stream peak / "
+          f"largest step: {st['peak_extra_bytes'] / st['largest_step_bytes']:.2f}x "
+          f"(less the rows: {(st['peak_extra_bytes'] - st['rows_bytes']) / st['largest_step_bytes']:.2f}x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(results, archive_bytes=archive_bytes), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
