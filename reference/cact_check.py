@@ -11,7 +11,7 @@ import math
 import torch
 
 from . import cq
-from .cact import (_HEADER, _RECORD, ALIGN, CODEBOOK_AT, DIRECTORY_AT, DTYPE_CQ, DTYPE_FP16,
+from .cact_format import (_HEADER, _RECORD, ALIGN, CODEBOOK_AT, DIRECTORY_AT, DTYPE_CQ, DTYPE_FP16,
                    DTYPE_FP32, DTYPE_RAW, HEADER_FIELDS, TAG, _FP_TORCH, _KIND_DTYPES,
                    CactFormatError, Slot, _align)
 from .cact_layout import CQ, LAYER_SLOTS, MHC_SLOTS, RAW

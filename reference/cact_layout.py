@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import V2Config
-from .params import BLOCK
+from .param_layout import BLOCK
 
 CQ, FP16, RAW = "cq", "fp16", "raw"
 HEADS = (("contrastive_head", 1, 4), ("confidence_head", 2, 8))   # key, manifest code, probes

@@ -22,6 +22,7 @@ from bounded.size import (DEFAULT_MAX_MEMORY, GIB, cli_size, fmt_bytes as _fmt, 
                           parse_size)
 
 from .config import ConfigError, V2Config
+from .param_layout import param_shapes
 
 F32 = 4
 
@@ -32,7 +33,6 @@ class MemoryBudgetError(ConfigError):
 
 def implied_bytes(cfg: V2Config) -> dict:
     """{term: (bytes, field it follows, formula)} for the allocations the geometry implies."""
-    from .params import param_shapes
     hd, L = cfg.head_dim, cfg.num_layers
     params = sum(math.prod(s) for s in param_shapes(cfg, heads=True).values()) * F32
     ring = (cfg.engram_taps - 1) * cfg.engram_dilation + 1
