@@ -5,6 +5,7 @@ its default; docs/cli.md's flag tables are held to it (tests/ladder/cli/test_hel
 from __future__ import annotations
 
 import argparse
+import re
 
 from bounded.size import DEFAULT_MAX_MEMORY, cli_size
 from ladder.sides.defaults import DEFAULT_PROMPT, DEFAULT_STEPS   # no torch: --help is fast
@@ -30,6 +31,31 @@ class DefaultsShown(argparse.HelpFormatter):
         else:
             shown = "%(default)s"
         return f"{text} (default: {shown})".lstrip()
+
+
+MAX_SECONDS = 10 ** 6          # a time bound past ~11.6 days is a typo, not a plan
+
+
+def seconds(text: str) -> float:
+    """A time bound: plain ASCII digits with an optional fraction and exponent, finite, in
+    (0, MAX_SECONDS]. float() alone would take 'nan', 'inf', '1_0' and other scripts' digits."""
+    if len(text) > 32 or not re.fullmatch(r"[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?", text):
+        raise argparse.ArgumentTypeError(f"{text[:32]!r} is not a number of seconds "
+                                         f"(ASCII digits, e.g. 30 or 2.5)")
+    value = float(text)
+    if not 0 < value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text} seconds is outside (0, {MAX_SECONDS}]")
+    return value
+
+
+def nonempty(what: str):
+    """An argparse type: any text but the empty one (which would silently mean 'none')."""
+    def check(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(f"an empty {what} names nothing")
+        return text
+    check.__name__ = what
+    return check
 
 
 class Parser(argparse.ArgumentParser):
@@ -127,13 +153,17 @@ def memory_arg(p):
 
 def shrink_args(p) -> None:
     """shrink's own flags (ladder/cli/shrink.py), beside run's."""
-    p.add_argument("--max-time", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--max-time", type=seconds, default=None, metavar="SECONDS",
                    help="stop the search after this long; the smallest schedule found so far "
                         "is the answer (default: none, search to a fixpoint)")
-    p.add_argument("--out", default=None, metavar="DIR",
+    p.add_argument("--out", type=nonempty("directory"), default=None, metavar="DIR",
                    help="write the pytest file that reproduces the shrunk divergence there "
                         "(test_shrunk_divergence.py, pytest.ini, README.md)")
-    p.add_argument("--point", default=None, help="the divergence to keep: this first "
+    p.add_argument("--force", action="store_true",
+                   help="with --out: replace a reproducer already in DIR (a link is never "
+                        "replaced)")
+    p.add_argument("--point", type=nonempty("point"), default=None,
+                   help="the divergence to keep: this first "
                    "divergent point, e.g. L03.q (default: the unshrunk run's)")
     p.add_argument("--verdict", default=None, choices=["own", "inherited", "undecided", "path"],
                    help="the divergence to keep: this own/inherited verdict (default: the "

@@ -118,16 +118,53 @@ def _from_sweep(args, out):
             f"{len(names)} cases match ({', '.join(names[:4])}); give the full id"))
     row = read_result(os.path.join(cases, names[0], "result.json"))
     run = row.get("run") if isinstance(row, dict) else None
-    if not isinstance(run, str) or not run.startswith("python -m ladder run"):
+    if not isinstance(run, str):
         raise LadderInputError(f"--from-sweep: {names[0]}/result.json field run={run!r} is not "
                                f"a `python -m ladder run` command")
-    argv = shlex.split(run)[3:]
+    argv = _run_argv(run, f"--from-sweep: {names[0]}/result.json field run")
     out(f"from sweep case {names[0]}: {run}")
-    new = build_parser().parse_args(["shrink", *argv[1:]])
-    for k in ("max_time", "out", "point", "verdict", "max_memory"):
+    new = build_parser().parse_args(["shrink", *argv])
+    for k in ("max_time", "out", "point", "verdict", "force"):
         setattr(new, k, getattr(args, k))
+    if args.max_memory is not None:          # shrink's own bound, else the row's
+        new.max_memory = args.max_memory
     new.from_sweep = None
     return new
+
+
+# What a sweep row's `run` may hold: the command `ladder sweep` wrote, a few dozen flags. A
+# bound far above that keeps argparse (quadratic in the flag count) from running for minutes.
+MAX_RUN_CHARS, MAX_RUN_FLAGS = 4096, 64
+# shrink's own choices; a row's run string that sets them would be silently overridden.
+_SHRINK_OWN = ("--point", "--verdict", "--out", "--from-sweep", "--max-time", "--help", "-h")
+
+
+def _run_argv(run: str, field: str) -> list:
+    """The flags after `python -m ladder run` in a sweep row's command, or LadderInputError
+    naming the field: unparsable quoting, too long, not exactly `run`, or a flag shrink sets."""
+    if len(run) > MAX_RUN_CHARS:
+        raise LadderInputError(f"{field} holds {len(run)} characters; a sweep's run command "
+                               f"holds at most {MAX_RUN_CHARS}")
+    try:
+        words = shlex.split(run)
+    except ValueError as e:                  # an unbalanced quote, a trailing backslash
+        raise LadderInputError(f"{field}={run[:80]!r} does not parse as a shell command: "
+                               f"{e}") from None
+    if words[:4] != ["python", "-m", "ladder", "run"]:
+        raise LadderInputError(f"{field}={run[:80]!r} is not a `python -m ladder run` command")
+    argv = words[4:]
+    if len(argv) > MAX_RUN_FLAGS:
+        raise LadderInputError(f"{field} holds {len(argv)} arguments; a sweep's run command "
+                               f"holds at most {MAX_RUN_FLAGS}")
+    for word in argv:
+        flag = word.split("=", 1)[0]
+        # argparse takes any unambiguous prefix of a long flag, so --ou means --out
+        hit = [f for f in _SHRINK_OWN if flag == f or flag.startswith("--") and len(flag) > 3
+               and f.startswith(flag)]
+        if word.startswith("-") and hit:
+            raise LadderInputError(f"{field} sets {hit[0]} ({word[:40]!r}): shrink's own flag, "
+                                   f"not a run flag; give it to shrink itself")
+    return argv
 
 
 def cmd_shrink(args, out=print) -> int:
@@ -150,8 +187,42 @@ def _shrink(args, out) -> int:
         return _search(args, out, tmp)
 
 
+def check_out(path: str, force: bool = False) -> None:
+    """Refuse an --out that cannot take the reproducer, before the first candidate runs: not a
+    directory (a file, a link, a device), under a file, a name past the filesystem's limit, or
+    one of the files it would write already there (replaced only with --force, a link never)."""
+    where = f"shrink --out {path[:120]!r}"
+    if os.path.islink(path) or os.path.lexists(path) and not os.path.isdir(path):
+        raise LadderInputError(f"{where}: exists and is not a directory (a link or a file); "
+                               f"name a new or existing directory")
+    for part in os.path.normpath(path).split(os.sep):
+        if len(part.encode("utf-8", "surrogateescape")) > 255:
+            raise LadderInputError(f"{where}: a component of {len(part)} characters; the "
+                                   f"filesystem takes at most 255")
+    up = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(up):
+        up = os.path.dirname(up)
+    if not os.path.isdir(up):
+        raise LadderInputError(f"{where}: {up} is not a directory, so nothing can be made "
+                               f"under it")
+    if os.path.isdir(path):
+        for name in (TEST_FILE, "pytest.ini", "README.md", "model.safetensors"):
+            f = os.path.join(path, name)
+            if os.path.islink(f):
+                raise LadderInputError(f"{where}: {name} there is a link; shrink never writes "
+                                       f"through or over a link")
+            if os.path.lexists(f) and not force:
+                raise LadderInputError(f"{where}: {name} is already there; pass --force to "
+                                       f"replace it, or name another directory")
+
+
 def _search(args, out, tmp) -> int:
     from ladder.cli.args import window_range
+    if args.out is not None:
+        check_out(args.out, getattr(args, "force", False))
+    if args.port and args.plant:
+        raise LadderInputError(f"shrink --port {args.port} --plant {args.plant}: a fault is "
+                               f"planted in our port, not in --port's; shrink one or the other")
     for flag, value in (("--dump", args.dump), ("--fixture", args.fixture)):
         if value:
             raise LadderInputError(f"shrink {flag} {value}: a recording is one fixed schedule; "
