@@ -110,7 +110,8 @@ def compare_run(args, out=print):
     from ladder.engine.rules import UNIT_EPS
     cmp = compare_ladders(port, ref, rules, prefix="port", a_label=run.label(),
                           b_label=ref.label, floor=floor,
-                          unit_eps=UNIT_EPS[prec.activations if prec else "float32"])
+                          unit_eps=UNIT_EPS[prec.activations if prec else "float32"],
+                          precision=prec)
     cmp.precision = prec
     extra = []
     td = time.perf_counter()

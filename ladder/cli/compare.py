@@ -151,7 +151,8 @@ def cmd_compare(args, out=print) -> int:
     from ladder.engine.rules import UNIT_EPS
     cmp = compare_ladders(a, b, rules, prefix="port", a_label=labels[0], b_label=labels[1],
                           keep=keep, floor=floor,
-                          unit_eps=UNIT_EPS[prec.activations if prec else "float32"])
+                          unit_eps=UNIT_EPS[prec.activations if prec else "float32"],
+                          precision=prec)
     cmp.precision = prec
     check_recorded_argmax(cmp, a, b, labels)
     print_table(cmp, args, out)

@@ -22,6 +22,7 @@ import math
 import numpy as np
 import torch
 
+from ladder.engine.systematic_sums import segmented_sums
 from ladder.engine.three_way import batch_units
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -190,6 +191,9 @@ def measure(pairs: list, rules: list, rel_floor: float, floors=None) -> list:
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         err = np.where(allow > 0, pos_d / np.maximum(allow, 1e-300),
                        np.where(pos_d == 0, 0.0, np.inf))
+    # the systematic tests' per-position sums (systematic_sums.py): a - floor, or a - b at
+    # float32, against b
+    sums = segmented_sums(A64, B64, B64 if F is None else F, pos_starts, np.repeat(width, S))
     bad = np.zeros(len(pairs), dtype=np.int64)
     owner = np.repeat(np.arange(len(pairs)), S)
     for k in np.flatnonzero(err > 1).tolist():   # only a failing position has elements over
@@ -198,7 +202,8 @@ def measure(pairs: list, rules: list, rel_floor: float, floors=None) -> list:
         dj = D[lo:lo + int(width[i])]
         bad[i] += int((dj / max(c, 1e-300) > 1).sum()) if c > 0 else int((dj != 0).sum())
     return list(range(len(pairs))), Measured(pairs, S.tolist(), pos_first.tolist(), max_abs,
-                                             max_rel, ulp, err.tolist(), bad.tolist(), three)
+                                             max_rel, ulp, err.tolist(), bad.tolist(), three,
+                                             sums)
 
 
 class Measured:
@@ -206,7 +211,8 @@ class Measured:
     a point) are computed when asked for: a streamed comparison keeps a few rows a point,
     and asks them of those alone."""
 
-    def __init__(self, pairs, S, pos_first, max_abs, max_rel, ulp, err, bad, three=None):
+    def __init__(self, pairs, S, pos_first, max_abs, max_rel, ulp, err, bad, three=None,
+                 sums=None):
         # the pairs themselves (views of the step's values), not the batch's float64
         # copies: a kept row widens its own values again, so the batch's memory is freed
         # when measure returns
@@ -214,6 +220,12 @@ class Measured:
         self._max_abs, self._max_rel, self._ulp = max_abs, max_rel, ulp
         self._err, self.bad = err, bad
         self.three = three              # three_way.BatchFloor, or None
+        self._sums = sums               # [positions, NCOLS]: systematic_sums' columns
+
+    def systematic(self, i: int):
+        """Point i's per-position systematic sums, [S_i, NCOLS]."""
+        p0 = self._p0[i]
+        return self._sums[p0:p0 + self._S[i]]
 
     def floor_columns(self, i: int) -> dict:
         """The three-way columns of point i's row (three_way.three_way's)."""

@@ -24,6 +24,8 @@ from ladder.engine.ladder_text import (first_bit_difference, hidden_text,  # noq
                                        merged_order)
 from ladder.engine.three_way import FloorBatch, NoFloorError, floor_at, three_way
 from ladder.engine.rules import DEFAULT_RULES, Rule, RuleSet
+from ladder.engine.systematic import Systematic
+from ladder.engine.systematic_verdict import judge_systematic, point_sums, systematic_text
 from ladder.engine.trace import Ladder, TAIL, is_coarse, layer_of
 
 
@@ -212,6 +214,9 @@ class Comparison:
     point_order: list = field(default_factory=list)
     precision: object = None        # the candidate's declared precision (three-way), or None
     floor_label: str | None = None  # the noise floor's label, when one was compared
+    # systematic.PointSystematic per point (ladder order): scale, bias, rounding direction
+    systematic: list = field(default_factory=list)
+    sums: object = None             # the systematic.Systematic they came from (sweeps pool it)
 
     @property
     def passed(self) -> bool:
@@ -264,6 +269,8 @@ class Comparison:
             lines.append("  " + hidden_text(self.hidden))
         if self.first is not None:
             lines.append(f"  first divergence: {self.first}")
+        if self.systematic:
+            lines.append("  " + systematic_text(self.systematic))
         if self.logits:
             agree = sum(r.argmax_agree for r in self.logits)
             ties = sum(r.near_tie for r in self.logits)
@@ -294,7 +301,7 @@ def schedule_difference(a: Ladder, b: Ladder) -> str:
 
 def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "port",
                     a_label=None, b_label=None, keep: str = "all", floor: Ladder | None = None,
-                    unit_eps: float = 0.0) -> Comparison:
+                    unit_eps: float = 0.0, precision=None) -> Comparison:
     """Every (step, point) of `a` against `b` under rules matched on `{prefix}/{point}`.
 
     `floor`: a noise floor (the reference at the candidate's precision, same schedule): each
@@ -305,7 +312,11 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
 
     keep="all": a row per (step, point). keep="summary": what a long comparison needs and no
     more (Comparison.folded): the first divergence, each point's worst, and the first failing
-    step whole, so memory does not grow with the number of steps."""
+    step whole, so memory does not grow with the number of steps.
+
+    Beside the rows, every float point's systematic statistics over all positions
+    (systematic.py) are judged against the margins of `precision` (the candidate's declared
+    Precision; None: float32): a material scale or bias fails the point's first row."""
     if keep not in ("all", "summary"):
         raise CompareError(f"keep={keep!r}; one of 'all', 'summary'")
     rs = as_ruleset(rules)
@@ -323,6 +334,7 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
         floor = None if floor is None else floor.last_only()
     rows, logit_rows, hidden, patterns = [], [], [], {}
     seen = {}                  # point -> the noise floor's largest error so far (noise_units)
+    sysm = Systematic()
     fold = Fold() if keep == "summary" else None
     for si, st in enumerate(b.steps):
         pos0 = b.first_pos(st)
@@ -365,6 +377,7 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
                     errs = measured.errors(k)
                     if fb is not None:
                         seen[point] = measured.three.last_drift[k]
+                    sysm.add(point, measured.systematic(k))
                     done[i] = LazyRow(point, max(errs), (_batch_row, measured, k, (
                         st.name, point, x.shape, x.size, errs, pattern, rs.rules[pattern],
                         pos0, half)))
@@ -383,8 +396,12 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
                 fv, units = floor_at(floor, key, vb, rule, pattern, seen, point, unit_eps)
             except NoFloorError as e:
                 raise CompareError(str(e)) from None
-            row = compare_point(st.name, point, va, vb, pattern, rule, rs.rel_floor, pos0,
-                                fv, units) if row is None else row.build()
+            if row is None:
+                row = compare_point(st.name, point, va, vb, pattern, rule, rs.rel_floor, pos0,
+                                    fv, units)
+                point_sums(sysm, point, va, vb, fv)
+            else:
+                row = row.build()
             if point == TAIL[-1] and va.shape == vb.shape:
                 ul = [0.0] * va.shape[0] if units is None else units.tolist()
                 res = [compare_logits(st.name, pos0 + j, va[j], vb[j], rule, rs, ul[j])
@@ -403,6 +420,7 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
                      list(b.steps), hidden, floor_label=None if floor is None else floor.label)
     if fold is not None:
         fold.finish(cmp)
+    judge_systematic(cmp, sysm, precision)
     return cmp
 
 

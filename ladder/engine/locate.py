@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ladder.engine.compare import Comparison, PointResult, as_ruleset, error_text
+from ladder.engine.systematic_verdict import is_systematic, systematic_verdict
 from ladder.engine.trace import Ladder, point_name
 
 
@@ -184,6 +185,9 @@ def locate(cmp: Comparison, *, port: Ladder = None, ref: Ladder = None, model=No
         loc.verdict = whole_forward_verdict(first)
         return loc
     loc.bisection = layer_scan(cmp, first)
+    if is_systematic(first):
+        loc.verdict = systematic_verdict(cmp, first)
+        return loc
     if model is None or port is None or ref is None:
         loc.verdict = "no injection (needs the port model and both ladders)"
         return loc

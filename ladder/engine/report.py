@@ -16,12 +16,16 @@ import pandas as pd
 
 from ladder.engine.compare import Comparison
 from ladder.engine.plot import floor_matrix, floor_svg, growth_plot
+from ladder.engine.systematic_plot import systematic_frame, systematic_svg
 from ladder.engine.table import (GROWTH_LEGEND, HEADERS, SUMMARY, frame, summary, to_csv,
                                  to_markdown, fmt_number)
 
 FULL = ["step", "point", "shape", "error", "passed", "max_abs", "max_rel", "ulp", "one_minus_cos",
         "sqnr_db", "mismatch", "nan_a", "nan_b", "inf_a", "inf_b", "rule", "growth",
         "first_bad_pos", "note"]
+
+SYSTEMATIC_COLUMNS = ["point", "result", "kind", "positions", "scale_minus_1", "scale_se", "scale_p",
+                      "bias", "bias_se", "bias_p", "toward_zero", "toward_p", "margin"]
 
 CSS = """
 body{font-family:sans-serif;margin:1.5em;color:#222}
@@ -96,9 +100,14 @@ def html(cmp: Comparison, loc=None, info: dict | None = None, plot_backend="auto
         '<img alt="port error and noise-floor error per layer" src="data:image/svg+xml;base64,'
         + base64.b64encode(floor_svg(*three, title=cmp.floor_label or "noise floor")).decode()
         + '">']
+    sys_fig = [] if not cmp.systematic else [
+        "<h2>Systematic errors per point</h2>",
+        '<img alt="systematic scale per point, in margins" src="data:image/svg+xml;base64,'
+        + base64.b64encode(systematic_svg(cmp.systematic, cmp.a_label)).decode() + '">',
+        _table_html(systematic_frame(cmp.systematic), SYSTEMATIC_COLUMNS)]
     parts += floor_fig + [
         "<h2>Error growth</h2>",
-        f'<img alt="error / allowance per step and layer" src="{uri}">',
+        f'<img alt="error / allowance per step and layer" src="{uri}">', *sys_fig,
         "<h2>Per point (worst step)</h2>",
         _table_html(summ, SUMMARY + ["growth", "note"]),
         f'<p class="legend">{escape(GROWTH_LEGEND)}</p>',
@@ -129,6 +138,9 @@ def markdown(cmp: Comparison, loc=None, info: dict | None = None) -> str:
             to_markdown(summary(df), SUMMARY),
             f"In the CSV (every step and point), {GROWTH_LEGEND}.", "",
             "## Rules", "", to_markdown(_rules_frame(cmp))]
+    if cmp.systematic:
+        out += ["", "## Systematic errors per point", "",
+                to_markdown(systematic_frame(cmp.systematic), SYSTEMATIC_COLUMNS)]
     return "\n".join(out)
 
 

@@ -76,6 +76,35 @@ PORT_NOISE_RULES = {
 # float16, 2^-23 float32): the least noise unit at a position, times its max|reference|.
 UNIT_EPS = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10, "float32": 2.0 ** -23}
 
+# Systematic errors (ladder/engine/systematic.py): how large a scale or bias, repeated at every
+# position, matters at a precision. Honest rounding has no direction to first order; what an
+# honest port does differently from the floor (rounding less or more often, another summation
+# order) is unbiased, and its second-order bias is ~u^2 (u, the unit roundoff: 2^-8 bfloat16,
+# 2^-11 float16). A first-order systematic error repeats at every one of a model's ~30
+# sublayers and compounds linearly where noise grows as a square root: an eighth of u per
+# point reaches u within a few layers. So the margin is u/8 (in scale, and in bias in RMS
+# units), and a significant estimate inside it is a finding, not a failure. float32 keeps
+# the bound between correct float32 implementations (spec §f.17, 3e-5, the port rule's rtol):
+# what the float32 rules pass stays a pass (a 1 + 2^-20 scale is at most a finding). An int8
+# KV cache rounds to 1/254 of a row's range: u/8 with u = 1/254. A point's own rule, where
+# looser (its rtol), sets its margin (systematic_verdict.py).
+SYSTEMATIC_MARGINS = {"float32": 3e-5, "bfloat16": 2.0 ** -8 / 8, "float16": 2.0 ** -11 / 8,
+                      "int8": 1.0 / 254 / 8}
+SYSTEMATIC_WHY = ("u/8 of the declared activation (or KV) dtype: a first-order error repeated at "
+                  "every sublayer; honest rounding differences are unbiased (rule_tables.py)")
+
+
+def systematic_margins(precision) -> tuple:
+    """(scale margin, bias margin in RMS units) for a side at `precision` (a Precision or
+    None: float32). The coarsest part that the side rounds in decides."""
+    if precision is None:
+        return SYSTEMATIC_MARGINS["float32"], SYSTEMATIC_MARGINS["float32"]
+    parts = [precision.activations, precision.kv]
+    if precision.weights != "cq":
+        parts.append(precision.weights)
+    m = max(SYSTEMATIC_MARGINS[p] for p in parts)
+    return m, m
+
 
 # needle-rs's own bounds (its crates/needle-infer/tests/v2_forward_parity.rs, `tol_for`):
 # max|a - b| <= tol·max|ref| per point. Our test that reads a needle-rs fixture as the Rust test

@@ -28,6 +28,19 @@ def summary_lines(checks: list) -> list:
         out.append(f"{len(low)} case{'s' * (len(low) != 1)} judged at a precision against a "
                    f"noise floor: worst {w['worst_noise_ratio']:.3g}x floor at "
                    f"{w['worst_point']} ({w['precision']}; {w['test']})")
+    tested = sum(int(c.get("systematic_tested") or 0) for c in judged)
+    if tested:             # systematic statistics (docs/precision.md, "Systematic errors")
+        found = [(c, s) for c in judged for s in c.get("systematic") or []]
+        fails = sum(s["status"] == "FAIL" for _, s in found)
+        out.append(f"systematic: {tested:,} points tested for a scale, a bias or a rounding "
+                   f"direction; {fails} failing, {len(found) - fails} "
+                   f"finding{'s' * (len(found) - fails != 1)} below the margin")
+        for c, s in [f for f in found if f[1]["status"] == "finding"][:5]:
+            sc = s["scale"]
+            out.append(f"  finding: {s['kind']} at {s['point']} ({c['test']}): scale "
+                       f"1{sc['value']:+.3g} +- {sc['se']:.2g}, margin {sc['margin']:.2g}"
+                       if sc["value"] is not None and sc["se"] is not None else
+                       f"  finding: {s['kind']} at {s['point']} ({c['test']})")
     for c in failing:
         what = f"fixture {c['name']}" if c["kind"] == "fixture" else c["label"]
         verdict = " (own error, or inherited from an unrecorded input)" \

@@ -295,7 +295,7 @@ def verdict_of(cap: Captured, model: ModelUnderTest, rules=None, locate=True,
         rules = NOISE_RULES if rules is None else rules
     cmp = compare_ladders(cap.obtained, yard, _rules(rules), prefix="port", a_label=cap.label,
                           b_label=yardstick_label or yard.label, floor=floor,
-                          unit_eps=UNIT_EPS[prec.activations])
+                          unit_eps=UNIT_EPS[prec.activations], precision=prec)
     cmp.precision, cmp.floor_label = prec, None if floor is None else floor.label
     from ladder.sides.model_input import LadderInputError
     from ladder.sides.side_spec import check_recorded_argmax
@@ -371,7 +371,10 @@ class Verdict:
                 "first_divergence": None if f is None else f.key, "verdict": own,
                 "precision": None if self.cmp.precision is None else self.cmp.precision.text(),
                 "worst_noise_ratio": None if w is None or math.isnan(w.noise_ratio)
-                else w.noise_ratio}
+                else w.noise_ratio,
+                "systematic": [r.to_dict() for r in self.cmp.systematic
+                               if r.failed or r.finding],
+                "systematic_tested": sum(r.scale.p == r.scale.p for r in self.cmp.systematic)}
 
     def save_outputs(self, out_dir, report=True) -> dict:
         """The obtained ladder as a trace archive, and (report) the md/csv/html report."""

@@ -1,0 +1,228 @@
+"""Systematic errors below the noise floor: a scale, a bias, a rounding direction, per point
+(docs/precision.md, "Systematic errors").
+
+The max-based verdict asks whether the worst element strays further than the floor's worst; at
+bfloat16 that bound is several rounding steps wide, and a 1 % wrong scale fits under it. But a
+bug repeats: the same direction at every position and step, proportional to the value. Honest
+rounding at the declared precision has no direction. So per point, over all its positions:
+
+- the departure from the floor d = a - f (the reference at the declared precision; at float32,
+  the reference itself) is fitted as d = bias + scale * x against the reference value x
+  (systematic_sums.py: weighted least squares in the position's RMS units);
+- the share of moved elements that moved toward zero, the signature of truncation;
+- each with a cluster-robust standard error over positions: a position's elements share its
+  rounding history (one rounded RMS scalar scales them all), so the position is the unit of
+  independent evidence, and the variance comes from the spread between positions. A port that
+  rounds more or less often than the floor only widens that spread: it is never flagged for
+  being noisier, only for a mean that is not zero;
+- a Student t test on C - 1 degrees of freedom (C positions), and Holm's step-down over every
+  test of the comparison (family-wise error ALPHA under any dependence between points, which
+  is the case here: an error at one point is inherited by the next).
+
+Statistical is not material: an estimate significant after correction but inside the
+precision's margin (rule_tables.SYSTEMATIC_MARGINS) is a *finding*, printed, exit 0; beyond it,
+the point fails like any other and is located. A toward-zero share names the error a rounding
+mode only when the shrink it comes with is under one rounding step (a scale further below 1
+also moves every element toward zero, and is a scale); such a shrink fails when its estimate
+is past the margin, the direction test carrying the certainty.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ladder.engine.student import holm, t_sf, two_sided
+from ladder.engine.systematic_sums import (COUNT, MOVED, NCOLS, TOWARD, W, WD, WX, WXD,
+                                           WXX)
+
+ALPHA = 1e-3             # family-wise false-alarm rate of one comparison
+MIN_CLUSTERS = 3         # fewer positions give no test (t on 1 degree of freedom is no evidence)
+MAX_CLUSTERS = 4096      # past this, neighbouring positions are merged (memory stays bounded)
+TOWARD_MARGIN = 0.10     # a toward-zero share past 0.5 + this, certain, signs truncation
+
+
+@dataclass(frozen=True)
+class Estimate:
+    value: float
+    se: float
+    p: float                  # before correction
+    p_adj: float = math.nan   # Holm-adjusted over the comparison
+    margin: float = math.nan
+
+    @property
+    def significant(self) -> bool:
+        return self.p_adj < ALPHA
+
+    @property
+    def material(self) -> bool:
+        return self.significant and abs(self.value) > self.margin
+
+
+@dataclass(frozen=True)
+class PointSystematic:
+    """One point's systematic statistics over every position compared."""
+    point: str
+    clusters: int
+    elements: int
+    scale: Estimate           # value: the slope s (the point reads 1 + s times the truth)
+    bias: Estimate            # value: in RMS units of the reference at the point
+    toward: Estimate          # value: share of moved elements that moved toward zero
+    unit: float = 0.0         # the dtype's spacing at 1.0 (2u): a rounding step, relative
+
+    @property
+    def truncates(self) -> bool:
+        """Moved toward zero, certainly and mostly, by less than one rounding step: what
+        rounding toward zero does (a scale further below 1 is a scale, not a rounding)."""
+        t = self.toward
+        return t.significant and t.value > 0.5 + TOWARD_MARGIN \
+            and -self.unit < self.scale.value < 0
+
+    @property
+    def failed(self) -> bool:
+        shrink = self.truncates and self.scale.value < -self.scale.margin
+        return self.scale.material or self.bias.material or shrink
+
+    @property
+    def finding(self) -> bool:
+        return not self.failed and (self.scale.significant or self.bias.significant
+                                    or self.truncates)
+
+    @property
+    def kind(self) -> str:
+        if self.truncates:
+            return "rounding mode"
+        sig = [(abs(e.value) / e.margin if e.margin > 0 else math.inf, name)
+               for name, e in (("scale", self.scale), ("bias", self.bias)) if e.significant]
+        return max(sig)[1] if sig else "scale"
+
+    @property
+    def status(self) -> str:
+        return "FAIL" if self.failed else "finding" if self.finding else "pass"
+
+    def text(self) -> str:
+        """e.g. 'systematic scale at L02.mlp_out: 1.0100 +- 0.0004 (p < 1e-9 after
+        correction; margin 0.00049; 18 positions)'."""
+        kind = self.kind
+        if kind == "bias":
+            e, num = self.bias, f"{self.bias.value:+.3g} +- {self.bias.se:.2g} RMS"
+        else:
+            e, num = self.scale, f"{1 + self.scale.value:.5g} +- {self.scale.se:.2g}"
+        if kind == "rounding mode":
+            head = (f"rounding mode at {self.point}: {self.toward.value:.0%} of the elements "
+                    f"that moved moved toward zero (truncation instead of round-to-nearest, "
+                    f"or a shrink under one rounding step), "
+                    f"scale {num}")
+            p = self.toward.p_adj
+        else:
+            head, p = f"systematic {kind} at {self.point}: {num}", e.p_adj
+        return (f"{head} ({p_text(p)} after correction; margin {e.margin:.2g}; "
+                f"{self.clusters} positions)")
+
+    def to_dict(self) -> dict:
+        est = lambda e: {"value": _num(e.value), "se": _num(e.se), "p": _num(e.p),
+                         "p_adjusted": _num(e.p_adj), "margin": _num(e.margin)}
+        return {"point": self.point, "status": self.status, "kind": self.kind,
+                "positions": self.clusters, "elements": self.elements,
+                "scale": est(self.scale), "bias": est(self.bias),
+                "toward_zero": est(self.toward)}
+
+
+def _num(v):
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def p_text(p: float) -> str:
+    if math.isnan(p):
+        return "no test"
+    if p < 1e-9:
+        return "p < 1e-9"
+    return f"p = {p:.2g}"
+
+
+class Systematic:
+    """Per-position sums of every point of a comparison, added step by step."""
+
+    def __init__(self):
+        self._sums: dict = {}                # point -> list of [S, NCOLS] arrays
+        self._rows: dict = {}
+
+    def add(self, point: str, sums: np.ndarray):
+        parts = self._sums.setdefault(point, [])
+        parts.append(sums)
+        n = self._rows.get(point, 0) + sums.shape[0]
+        self._rows[point] = n
+        if n > MAX_CLUSTERS:                 # pair neighbours: sums of sums stay valid
+            s = np.concatenate(parts)
+            if len(s) % 2:
+                s = np.concatenate([s, np.zeros((1, NCOLS))])
+            s = s[0::2] + s[1::2]
+            self._sums[point], self._rows[point] = [s], len(s)
+
+    def points(self) -> list:
+        return list(self._sums)
+
+    def sums(self, point: str) -> np.ndarray:
+        return np.concatenate(self._sums[point])
+
+    def merge(self, other: "Systematic"):
+        """Pool another comparison's sums (a sweep's cases of one point)."""
+        for point in other.points():
+            self.add(point, other.sums(point))
+
+    def finish(self, margins, unit: float = 0.0) -> list:
+        """PointSystematic per point (insertion order), Holm-corrected over all of them.
+        margins(point) -> (scale margin, bias margin); unit: PointSystematic.unit."""
+        raw = [(point, *estimates(self.sums(point))) for point in self._sums]
+        flat = [e.p for _, _, _, sc, bi, tz in raw for e in (sc, bi, tz)]
+        tested = [i for i, p in enumerate(flat) if not math.isnan(p)]
+        adj = dict(zip(tested, holm([flat[i] for i in tested])))
+        out = []
+        for k, (point, c, n, sc, bi, tz) in enumerate(raw):
+            ms, mb = margins(point)
+            fix = lambda e, j, m: Estimate(e.value, e.se, e.p, adj.get(3 * k + j, math.nan), m)
+            out.append(PointSystematic(point, c, n, fix(sc, 0, ms), fix(bi, 1, mb),
+                                       fix(tz, 2, TOWARD_MARGIN), unit))
+        return out
+
+
+def estimates(s: np.ndarray):
+    """(clusters, elements, scale, bias, toward-zero share) of one point's sums [C, NCOLS]."""
+    s = s[s[:, COUNT] > 0]
+    C, n = len(s), int(s[:, COUNT].sum())
+    nan = Estimate(math.nan, math.nan, math.nan)
+    if C < MIN_CLUSTERS:
+        return C, n, nan, nan, nan
+    df = C - 1
+    tot = s.sum(0)
+    M = np.array([[tot[W], tot[WX]], [tot[WX], tot[WXX]]])
+    v = np.array([tot[WD], tot[WXD]])
+    det = M[0, 0] * M[1, 1] - M[0, 1] ** 2
+    if not det > 1e-12 * M[0, 0] * M[1, 1]:
+        scale = bias = nan                   # the reference barely varies: no slope
+    else:
+        Minv = np.array([[M[1, 1], -M[0, 1]], [-M[0, 1], M[0, 0]]]) / det
+        theta = Minv @ v                     # (bias, scale)
+        g = np.stack([s[:, WD] - theta[0] * s[:, W] - theta[1] * s[:, WX],
+                      s[:, WXD] - theta[0] * s[:, WX] - theta[1] * s[:, WXX]], 1)
+        V = Minv @ (g.T @ g * (C / df)) @ Minv
+        bias = _test(float(theta[0]), float(V[0, 0]), df)
+        scale = _test(float(theta[1]), float(V[1, 1]), df)
+    moved = tot[MOVED]
+    if moved < 1:
+        toward = Estimate(math.nan, math.nan, math.nan)
+    else:
+        share = tot[TOWARD] / moved
+        g = s[:, TOWARD] - share * s[:, MOVED]
+        se = math.sqrt(float(g @ g) * C / df) / moved
+        t = (share - 0.5) / se if se > 0 else (math.inf if share > 0.5 else 0.0)
+        toward = Estimate(float(share), se, t_sf(t, df))
+    return C, n, scale, bias, toward
+
+
+def _test(value: float, var: float, df: int) -> Estimate:
+    se = math.sqrt(max(var, 0.0))
+    if se == 0:
+        return Estimate(value, 0.0, 1.0 if value == 0 else 0.0)
+    return Estimate(value, se, two_sided(value / se, df))
