@@ -28,8 +28,9 @@ from contextlib import contextmanager
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = [os.path.join(HERE, f) for f in ("needle_step.c", "dots.c", "cq_packed.c")]
-HEADERS = [os.path.join(HERE, f) for f in ("native.h", "captures.h", "faults.h")]
+SOURCES = [os.path.join(HERE, f) for f in ("needle_step.c", "dots.c", "cq_packed.c",
+                                                "cq_wide.c")]
+HEADERS = [os.path.join(HERE, f) for f in ("native.h", "captures.h", "faults.h", "stages.h")]
 PROGRAM = os.path.join(HERE, "needle_trace.c")      # the standalone executable's main
 # $NEEDLE_NATIVE_MARCH overrides -march (e.g. x86-64: no AVX, the scalar paths), which is
 # how tests/port/test_native.py checks that the vector width changes no bit.
@@ -41,6 +42,7 @@ CAPTURES = ("nx", "hpre", "u", "alpha", "bx", "h_in", "q", "k", "v", "attn", "ga
             "res_logits", "hres", "x", "lane_mean", "embed", "engram_k", "engram_v")
 # ^ the order of the step's `cap` array: checked against the C table (nat_capture_name) at load
 
+STAGE_CLOCK = "NEEDLE_STAGE_CLOCK"  # stages.h: the per-stage clock's build (bench only)
 _libs: dict = {}            # defines -> loaded library
 _planted: tuple = ()        # the compile-time fault switches of the library lib() returns
 
@@ -121,7 +123,7 @@ def build(defines: tuple = (), program: bool = False) -> str:
     `program`: the standalone executable `needle_trace` instead (needle_trace.c's main over
     the same step; no Python in its process)."""
     for d in defines:
-        if not re.fullmatch(r"NEEDLE_FAULT_[A-Z0-9_]+", d):
+        if not re.fullmatch(r"NEEDLE_FAULT_[A-Z0-9_]+", d) and d != STAGE_CLOCK:
             raise ValueError(f"{d!r} is not a fault switch (NEEDLE_FAULT_[A-Z0-9_]+)")
     base = [f for f in FLAGS if f not in ("-fPIC", "-shared")] if program else FLAGS
     flags = base + [f"-D{d}" for d in sorted(defines)]
@@ -232,6 +234,24 @@ def planted_build(*defines: str):
         yield
     finally:
         _planted = old
+
+
+def stage_build():
+    """Inside, lib() is the step built with the per-stage clock (stages.h; the same arithmetic,
+    the same bits); tools/bench/bench_native_stages.py reads it with stage_take()."""
+    return planted_build(STAGE_CLOCK)
+
+
+def stage_take() -> dict:
+    """Milliseconds per stage since the last call (the stage_build library), then zeroed."""
+    so = lib()
+    so.nat_stage_name.restype = ctypes.c_char_p
+    names = []
+    while so.nat_stage_name(_I64(len(names))):
+        names.append(so.nat_stage_name(_I64(len(names))).decode())
+    out = (ctypes.c_double * len(names))()
+    so.nat_stage_take(out)
+    return {n: v / 1e6 for n, v in zip(names, out)}
 
 
 def set_threads(n: int) -> None:

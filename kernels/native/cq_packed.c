@@ -234,7 +234,23 @@ void nat_cq_product(const CqMat *mats, int64_t nmats, const float *x, int64_t M,
     for (int64_t i = 0; i < nmats; i++) fusable &= mats[i].bits == 2 || mats[i].bits == 4;
     for (int64_t i = 0; i < nmats; i++) {
         const CqMat *A = mats + i;
-#ifdef FUSED
+#if defined(FUSED) && defined(__AVX512F__)
+        if (fusable) {                   /* one token, 16 lanes a vector: cq_wide.c */
+            const float *xq = xp;
+            float perm[MAX_IN];
+            if (A->bits == 4) nat_cq_wide_perm(xp, in_pad, perm), xq = perm;
+#pragma omp parallel for schedule(static) num_threads(nat_threads) \
+    if (nat_threads > 1 && A->rows >= 4 * ROWS)
+            for (int64_t o = 0; o < A->rows; o += 2) {
+                int64_t nr = o + 1 < A->rows ? 2 : 1;
+                if (A->bits == 4) nat_cq_wide_rows4(A, o, nr, xq, y + col + o);
+                else if (nr == 2) nat_cq_wide_rows2(A, o, xp, y + col + o);
+                else y[col + o] = fused_row2(A, o, xp);
+            }
+            col += A->rows;
+            continue;
+        }
+#elif defined(FUSED)
         if (fusable) {                   /* one token: decode straight into the dot */
 #pragma omp parallel for schedule(static) num_threads(nat_threads) \
     if (nat_threads > 1 && A->rows >= 4 * ROWS)

@@ -68,4 +68,9 @@ void nat_cq_rotate(const float *x, int64_t K, int64_t in_pad, float *xp);
 /* Row r of the dequantised matrix, its first in_features values (tmp: in_pad floats). */
 void nat_cq_row(const CqMat *A, int64_t r, float *out, float *tmp);
 
+/* cq_wide.c (AVX-512 builds only): the one-token 2-bit and 4-bit rows, 16 lanes a vector */
+void nat_cq_wide_rows2(const CqMat *A, int64_t o, const float *xp, float *y);
+void nat_cq_wide_perm(const float *xp, int64_t in_pad, float *xq);
+void nat_cq_wide_rows4(const CqMat *A, int64_t o, int64_t nr, const float *xq, float *y);
+
 #endif

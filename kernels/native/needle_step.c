@@ -22,6 +22,7 @@
 #include "native.h"
 #include "captures.h"
 #include "faults.h"
+#include "stages.h"
 
 /* ---- small helpers ---- */
 
@@ -182,6 +183,18 @@ static void cap_put(float **cap, int idx, int64_t layer, const float *v, int64_t
     if (cap && cap[idx]) memcpy(cap[idx] + layer * cnt, v, (size_t)cnt * sizeof(float));
 }
 
+#ifdef NEEDLE_STAGE_CLOCK
+double nat_stage_ns[ST_COUNT], nat_stage_mark;
+#define NAT_SNAME(e, s) s,
+static const char *const stage_names[] = {NAT_STAGES(NAT_SNAME)};
+const char *nat_stage_name(int64_t i) { return i >= 0 && i < ST_COUNT ? stage_names[i] : 0; }
+/* The nanoseconds each stage took since the last call (out[ST_COUNT]), then zeroed. */
+void nat_stage_take(double *out)
+{
+    for (int k = 0; k < ST_COUNT; k++) out[k] = nat_stage_ns[k], nat_stage_ns[k] = 0.0;
+}
+#endif
+
 int64_t nat_capture_count(void) { return C_COUNT; }
 const char *nat_capture_name(int64_t i) { return i >= 0 && i < C_COUNT ? capture_names[i] : 0; }
 
@@ -336,6 +349,7 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
     }
     if (M->cq) nat_cq_product(M->cq_router + 3 * i, 3, s->nx, m, nd, s->r, nr, s->xp);
     else nat_gemm(s->nx, m, M->router + i * nr * nd, nr, nd, s->r);
+    STAGE(ST_ROUTER);
     for (int64_t r = 0; r < m; r++) {
         const float *rr = s->r + r * nr, *Xr = X + r * nd;
         float *hpre = s->hpre + r * n, *u = s->u + r * d, *bx = s->bx + r * d;
@@ -368,13 +382,17 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         nat_sinkhorn(res, n, M->sinkhorn_iters - SINKHORN_SHORT);
         if (r == 0) cap_put(cap, C_HRES, i, res, n * n);
     }
+    STAGE(ST_LANES);
     if (M->cq) nat_cq_product(M->cq_qkvg + 4 * i, 4, s->h, m, d, s->qkvg, nq, s->xp);
     else nat_gemm(s->h, m, M->qkvg + i * nq * d, nq, d, s->qkvg);
+    STAGE(ST_QKVG);
     for (int64_t r = 0; r < m; r++)          /* in order: row r reads the rows before it */
         attend_row(M, S, i, pos0 + r, valid[r], s->qkvg + r * nq, s->og + r * attn, s, cap,
                    r == 0);
+    STAGE(ST_ATTN);
     if (M->cq) nat_cq_product(M->cq_out + i, 1, s->og, m, attn, s->a, d, s->xp);
     else nat_gemm(s->og, m, M->out + i * d * attn, d, attn, s->a);
+    STAGE(ST_OUT);
     for (int64_t r = 0; r < m; r++) {
         const float *a = s->a + r * d, *bx = s->bx + r * d, *u = s->u + r * d;
         float *Xr = X + r * nd;
@@ -415,6 +433,7 @@ static void layer(const NModel *M, NState *S, int64_t i, int64_t m, int64_t pos0
         }
         memcpy(Xr, s->xn, (size_t)nd * sizeof(float));
     }
+    STAGE(ST_MLP);
 }
 
 /* Engram keys and convolved values of every site for m rows: the gathered table rows (an
@@ -473,6 +492,7 @@ int64_t nat_rows(const NModel *M, NState *S, int64_t m, int64_t pos0, const int6
         if (tok[r] < 0 || tok[r] >= M->vocab) return -1;
     Scratch s;
     carve(M, m, scratch, &s);
+    STAGE_START();
     float sq = (float)sqrt((double)M->d);
     for (int64_t r = 0; r < m; r++) {
         const float *row = s.tmp;
@@ -483,7 +503,9 @@ int64_t nat_rows(const NModel *M, NState *S, int64_t m, int64_t pos0, const int6
                 s.X[(r * M->n + l) * M->d + t] = row[t] * sq;
     }
     cap_put(cap, C_EMBED, 0, s.X, M->d);
+    STAGE(ST_EMBED);
     engram(M, S, m, pos0, flat, ok, tap_ok, &s, cap);
+    STAGE(ST_ENGRAM);
     float *X = s.X;
     for (int64_t i = 0; i < M->L; i++)
         layer(M, S, i, m, pos0, X, s.ek, s.ev, valid, &s, cap);
@@ -502,6 +524,7 @@ int64_t nat_rows(const NModel *M, NState *S, int64_t m, int64_t pos0, const int6
         nat_cq_product(M->cq_emb, 1, S->hidden, 1, d, logits, M->vocab, s.xp);
     else if (want_logits)
         nat_gemm(S->hidden, 1, M->emb, M->vocab, d, logits);
+    STAGE(ST_HEAD);
     return 0;
 }
 
@@ -518,6 +541,7 @@ int64_t nat_layer(const NModel *M, NState *S, int64_t i, int64_t pos, float *lan
     if (i < 0 || i >= M->L || pos < 0 || pos >= M->max_seq) return -1;
     Scratch s;
     carve(M, 1, scratch, &s);
+    STAGE_START();
     if (!ek) {
         engram(M, S, 1, pos, flat, ok, tap_ok, &s, 0);
         ek = s.ek;

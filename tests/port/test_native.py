@@ -95,24 +95,36 @@ g = torch.Generator().manual_seed(0)
 x, w = torch.randn(9, 77, generator=g), torch.randn(10, 77, generator=g)
 h.update(native.gemm(x, w).numpy().tobytes())
 h.update(native.sinkhorn(torch.randn(4, 4, generator=g) * 5).numpy().tobytes())
+from port.cq import CqWeight, _level_table
+for bits, rows, k in ((2, 37, 300), (2, 64, 512), (4, 37, 300), (4, 64, 2048)):
+    cw = CqWeight.from_dense(torch.randn(rows, k, generator=g), bits, "dense")
+    pk = native.PackedCq(cw.packed, cw.norms, _level_table(bits), cw.store_bits, k)
+    for m in (1, 5):                 # one token (the fused rows), a chunk (decoded blocks)
+        h.update(native.cq_product([pk, pk], torch.randn(m, k, generator=g)).numpy().tobytes())
 print(h.hexdigest())
 """
 
 
 @pytest.mark.slow
 def test_bits_do_not_depend_on_the_vector_width(tmp_path):
-    # The same source built for plain x86-64 (no AVX: the scalar lanes and fmaf) gives the
-    # same bits as the AVX2 build this machine uses.
+    # The same source built for plain x86-64 (no AVX: the scalar lanes and fmaf), for AVX2
+    # only (x86-64-v3: cq_packed.c's 8-lane rows) and for this machine (on an AVX-512 CPU,
+    # cq_wide.c's 16-lane rows) gives the same bits. x86-64-v3 and native are one kernel
+    # set on an AVX2-only CPU; the test still compares three builds there.
     if os.uname().machine != "x86_64":
         pytest.skip("the portable build is x86-64")
+    if "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("the x86-64-v3 build needs an AVX2 CPU")
     run = lambda env: subprocess.run([sys.executable, "-c", _DIGEST], cwd=ROOT, text=True,
                                      capture_output=True, timeout=600,
                                      env=dict(os.environ, NEEDLE_NATIVE_CACHE=str(tmp_path),
                                               **env))
-    wide, plain = run({}), run({"NEEDLE_NATIVE_MARCH": "x86-64"})
-    assert wide.returncode == 0 and plain.returncode == 0, wide.stderr + plain.stderr
-    assert len(os.listdir(tmp_path)) == 2                  # really two builds
-    assert wide.stdout == plain.stdout
+    wide, avx2, plain = (run({}), run({"NEEDLE_NATIVE_MARCH": "x86-64-v3"}),
+                         run({"NEEDLE_NATIVE_MARCH": "x86-64"}))
+    assert wide.returncode == avx2.returncode == plain.returncode == 0, \
+        wide.stderr + avx2.stderr + plain.stderr
+    assert len(os.listdir(tmp_path)) == 3                  # really three builds
+    assert wide.stdout == avx2.stdout == plain.stdout
 
 
 def test_threads_change_no_bit():
@@ -308,3 +320,24 @@ def test_the_native_steps_first_build_is_announced_on_stderr(tmp_path):
     assert "building the native step with " in first.stderr and str(tmp_path) in first.stderr
     again = subprocess.run(build, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "building" not in again.stderr      # cached: silent
+
+
+def test_the_stage_clock_build_changes_no_bit(packed):
+    # tools/bench/bench_native_stages.py times a step with the clock build (stages.h): it must
+    # be the same step, and every stage must be charged (a stage left without its mark would
+    # read 0 here).
+    _, nat = packed
+    toks = [5, 9, 200, 3, 3, 17, 90, 1]
+    s = nat.make_state()
+    plain = [nat.step(t, s).clone() for t in toks]
+    with native.stage_build():
+        native.stage_take()
+        s2 = nat.make_state()
+        clocked = [nat.step(t, s2).clone() for t in toks]
+        took = native.stage_take()
+    assert all(torch.equal(a, b) for a, b in zip(plain, clocked))
+    assert torch.equal(s.k, s2.k) and torch.equal(s.lanes, s2.lanes)
+    assert set(took) == {"embed", "engram", "router", "lanes_sinkhorn", "qkvg", "attention",
+                         "out_proj", "mlp_mix", "final_lm_head"}
+    assert all(v > 0 for v in took.values()), took
+    assert native.lib() is not native._libs[(native.STAGE_CLOCK,)]   # the clean build again

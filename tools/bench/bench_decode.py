@@ -10,6 +10,10 @@ for native, the codes' pre-rotation rows for torch):
   * `prefill_batch` ms/token for a 256-token prompt vs 256 `step_prefill` calls;
   * aten ops per `step` (torch profiler), the weight bytes the model holds, and the growth of
     the process's resident set while the model is built;
+  * the floor (issue 48): the weight bytes a step reads (all it holds but the Engram tables,
+    of which it reads a row per table), streamed once on the same thread count in the same run
+    (tools/bench/weight_floor.py: the faster of a sum and a matrix-vector product over a
+    buffer of that size), and the step at position 300 as a multiple of it;
 then the reference's one-token `forward_cached` at position 300 on the same weights, and the
 ratios. Also the packed CQ payload (the resident size of CqWeight's "packed" form) of the same
 model. Upstream JAX is optional: it is timed when `cactus-needle` imports in this interpreter
@@ -36,7 +40,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from weight_floor import floor_ms, table_mb                     # noqa: E402
 from port.batch import V2Batch                                  # noqa: E402
 from port.model import V2Model                                   # noqa: E402
 from reference import cact                                       # noqa: E402
@@ -145,6 +151,11 @@ def bench_port(model, cfg, steps, tok, say=lambda what: None):
         model.step(next(tok), state)
     out["aten_ops_per_step"] = sum(e.count for e in prof.key_averages()
                                    if e.key.startswith("aten::"))
+    say("the floor: the weights a step reads, streamed once")
+    out["weights_read_mb"] = out["weights_mb"] - table_mb(model)
+    out["floor_ms"] = floor_ms(out["weights_read_mb"])["floor_ms"]
+    first = min(300, last)
+    out["step_vs_floor"] = out[f"step_ms_at_{first}"] / out["floor_ms"]
     return out
 
 
@@ -305,6 +316,8 @@ def report(res, ports):
     print(f"reference one-token forward_cached: {res['reference_one_token_ms']:.1f} ms; "
           f"upstream jitted forward_cached: "
           + (f"{up:.1f} ms ({res['upstream_note']})" if up else res["upstream_note"]))
+    print("floor_ms: weights_read_mb streamed once (the faster of a sum and a matvec over a "
+          "buffer that size, same run); step_vs_floor: the first step_ms_at_ row / floor_ms")
     print(f"CQ packed payload: {res['cq_packed_mb']:.2f} MB; threads {res['threads']}, "
           f"torch {res['torch']}, {res['cores']} cores, {res['cpu']}")
 
