@@ -38,7 +38,7 @@ class V2Config:
     engram_slots: int = 8192
     engram_layers: tuple = (2, 15)
     mhc_lanes: int = 4
-    kv_window: int = 0                # 0 means full causal
+    kv_window: int = 0                # 0: no window of its own, the KV budget (effective_kv_window)
     kv_bits: int = 8
     act_bits: int = 8
     weight_bits: str = ""

@@ -15,15 +15,18 @@ producer; README "Bring your own port"):
 - the manifest: one JSON string in the safetensors metadata under `needle_parity_trace`:
 
       format, schema_version
-      producer     {name, version, backend, device, dtype, precision}; precision (version
+      producer     {name, version, backend, device, dtype, precision} and keys of the
+                   producer's own starting "x-" (any other key is refused); precision (version
                    2) is what the producer computes in, in ladder/model/precision.py's
                    syntax ("bfloat16", "float32,kv=int8", "act=float16,weights=cq,kv=int8"):
                    a side below float32 is judged against a noise floor (docs/precision.md)
       geometry     {d_model, num_heads, num_kv_heads, num_layers, head_dim, mhc_lanes,
                     engram_layers, engram_orders, rope_theta, vocab_size}
-      kv_window    the attention window the run used (0: full causal)
+      kv_window    the attention window the run used (0: the model's KV budget, as
+                   upstream's effective_kv_window; 0 .. 2^31 - 1)
       weights      {source, file, sha256 (of the weights file's bytes), params_sha256}
-      schedule     {tokens, prompt_len, steps: [{name, pos, len}]}
+      schedule     {tokens, prompt_len, steps: [{name, pos, len}]}; when the steps are one
+                   run from position 0, prompt_len is the first step's len
       argmax       {step: argmax of its last position's logits}
       captured     "all" | "last"
       points       point names in forward order
@@ -55,6 +58,8 @@ MAX_STEPS = 1 << 16
 MAX_POINTS = 1 << 16
 MAX_NAME = 200                      # characters of a step or point name
 MAX_TOKEN = 1 << 31
+PRODUCER_KEYS = ("name", "version", "backend", "device", "dtype", "precision")
+FREE_KEY = "x-"                     # producer keys of the producer's own: x-git-sha, ...
 # "positions": a value's leading axis is the positions captured (needle v2); "free": the
 # producer's own layout (V4.1's points, e.g. the compressed rows a call publishes)
 LEADING_AXES = ("positions", "free")
@@ -168,6 +173,11 @@ def parse_manifest(text, where: str) -> dict:
                       ("captured", str), ("points", list), ("not_emitted", dict)):
         _need(m, key, kind, where)
     for k, v in m["producer"].items():
+        if k not in PRODUCER_KEYS and not str(k).startswith(FREE_KEY):
+            # a misspelt key (precision2) would leave the side judged at float32 in silence
+            raise ArchiveError(f"{where}: field producer.{str(k)[:40]} is not a producer field "
+                               f"(known: {', '.join(PRODUCER_KEYS)}; a key of your own starts "
+                               f"with {FREE_KEY!r})")
         if not (v is None or isinstance(v, str)):      # printed as the side's label
             raise ArchiveError(f"{where}: field producer.{str(k)[:40]} must be a string, not "
                                f"{type(v).__name__}")
@@ -192,7 +202,13 @@ def parse_manifest(text, where: str) -> dict:
                for t in tokens):
         raise ArchiveError(f"{where}: field schedule.tokens must hold integers in "
                            f"0..{MAX_TOKEN - 1}")
-    _need(sch, "prompt_len", int, f"{where}: schedule")
+    prompt_len = _need(sch, "prompt_len", int, f"{where}: schedule")
+    if not 0 <= prompt_len <= len(tokens):
+        raise ArchiveError(f"{where}: field schedule.prompt_len={prompt_len} outside "
+                           f"0..{len(tokens)} (the tokens)")
+    if not 0 <= m["kv_window"] < MAX_TOKEN:
+        raise ArchiveError(f"{where}: field kv_window={m['kv_window']} outside "
+                           f"0..{MAX_TOKEN - 1} (0: the model's KV budget)")
     steps = _need(sch, "steps", list, f"{where}: schedule")
     if not 1 <= len(steps) <= MAX_STEPS:
         raise ArchiveError(f"{where}: field schedule.steps holds {len(steps)} steps; needs "
@@ -215,6 +231,14 @@ def parse_manifest(text, where: str) -> dict:
     if used != len(tokens) or len({s.name for s in out}) != len(out):
         raise ArchiveError(f"{where}: field schedule.steps must cover the {len(tokens)} tokens "
                            f"once, with distinct names")
+    one_run = all(s.pos == (0 if i == 0 else out[i - 1].pos + len(out[i - 1].tokens))
+                  for i, s in enumerate(out))
+    if one_run and prompt_len != len(out[0].tokens):
+        # one run from position 0: its first step is the prompt, and the reference replays
+        # the schedule from prompt_len
+        raise ArchiveError(f"{where}: field schedule.prompt_len={prompt_len} contradicts "
+                           f"schedule.steps[0] ({out[0].name!r}, {len(out[0].tokens)} tokens "
+                           f"from position 0): a run's first step is its prompt")
     if len(m["points"]) > MAX_POINTS:
         raise ArchiveError(f"{where}: field points must list at most {MAX_POINTS} distinct names")
     for p in m["points"]:                    # each a name before the set below hashes them

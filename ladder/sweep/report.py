@@ -25,6 +25,7 @@ import re
 import time
 from html import escape
 
+from ladder.sweep import pooled
 from ladder.sweep.grid import MAX_CASES, SweepError
 from ladder.sweep.row import WHOLE, frac_key, run_env_free
 
@@ -265,6 +266,7 @@ def markdown(manifest: dict, rows: list, expected: list) -> str:
     errors = [r for r in rows if r["status"] == "error"]
     if errors:
         out += ["", "## Errors", ""] + [f"- {r['id']}: {r.get('message')}" for r in errors]
+    out += pooled.markdown(pooled.pool(rows))
     missing = [i for i in expected if i not in {r["id"] for r in rows}]
     if missing:
         out += ["", f"## Missing ({len(missing)})", "", ", ".join(missing)]
@@ -388,7 +390,10 @@ def write_report(d: str, manifest: dict, rows: list, expected: list) -> dict:
     data = {"format": "needle-parity-sweep-report", "name": manifest["name"],
             "grid_sha256": manifest["grid_sha256"], "shard": manifest.get("shard"),
             "cases": manifest["cases"], "expected": len(expected), "counts": counts(rows),
-            "missing": [i for i in expected if i not in have], "rows": rows}
+            "missing": [i for i in expected if i not in have],
+            # the per-position sums stay in each case's result.json; the report holds the pools
+            "systematic_pooled": pooled.to_json(pooled.pool(rows)),
+            "rows": [{k: v for k, v in r.items() if k != "systematic"} for r in rows]}
     os.makedirs(d, exist_ok=True)
     paths = {ext: os.path.join(d, f"report.{ext}") for ext in ("json", "csv", "md", "html")}
     write_all({paths["json"]: json.dumps(data, indent=1) + "\n", paths["csv"]: to_csv(rows),
@@ -399,7 +404,8 @@ def write_report(d: str, manifest: dict, rows: list, expected: list) -> dict:
 
 def summarize(manifest: dict, rows: list, expected: list, paths: dict, out,
               ran_now=None) -> int:
-    """The closing lines; the exit status: 2 if a case errored, 1 if one failed, else 0."""
+    """The closing lines; the exit status: 2 if a case errored, 1 if one failed or a pool of
+    cases fails by its systematic statistics (pooled.py), else 0."""
     for line in _title(manifest, rows, expected):
         out(line)
     if ran_now is not None:
@@ -414,6 +420,10 @@ def summarize(manifest: dict, rows: list, expected: list, paths: dict, out,
             out(f"  {r['status']}: {r['id']} {where}")
     if len(bad) > 20:
         out(f"  ... and {len(bad) - 20} more (report.md lists every case)")
+    pools = pooled.pool(rows)
+    for line in pooled.summary_lines(pools):
+        out(line)
     out("report: " + ", ".join(paths[e] for e in ("md", "csv", "html", "json")))
     c = counts(rows)
-    return 2 if c["error"] else 1 if c["fail"] else 0
+    # a pool's material systematic error fails the sweep: every case may pass on its own
+    return 2 if c["error"] else 1 if c["fail"] or any(g["failing"] for g in pools) else 0

@@ -12,6 +12,9 @@ the code and torch, so a case run on any shard, in any worker, gives the same ro
     layers                          {"L00": worst error, ..., "embed/final": ...}
     logits                          {positions, argmax_agree, near_ties, topk_agree, max_kl}
     port, params_sha256, torch, threads
+    systematic                      {unit, points: {point: {margins, sums}}}: the per-position
+                                    sums of the systematic statistics, pooled by the report
+                                    (ladder/sweep/pooled.py), or null
     archive                         {path, sha256, bytes} of the trace archive, or null
     timing                          {seconds, started}
 
@@ -53,12 +56,12 @@ def empty_row(case, run: str) -> dict:
             "status": "error", "message": None, "points": None, "failing": None,
             "not_compared": None, "worst": None, "first_divergence": None, "layers": {},
             "logits": None, "port": None, "params_sha256": None, "torch": None,
-            "threads": None, "archive": None, "timing": None}
+            "threads": None, "systematic": None, "archive": None, "timing": None}
 
 
 ROW_FIELDS = ("id", "index", "settings", "run", "status", "message", "points", "failing",
               "not_compared", "worst", "first_divergence", "layers", "logits", "port",
-              "params_sha256", "torch", "threads", "archive", "timing")
+              "params_sha256", "torch", "threads", "systematic", "archive", "timing")
 
 
 def _layers(cmp) -> dict:
@@ -142,6 +145,7 @@ def case_row(case, base: str):
     from ladder.sweep.grid import run_args, run_argv
     from ladder.engine.trace import TraceError
     from ladder.sides.model_input import computing
+    from ladder.sweep.pooled import row_field
     row = empty_row(case, " ".join(["python -m ladder run", *run_argv(case, None)]))
     lines, archive = [], None
     try:
@@ -174,6 +178,7 @@ def case_row(case, base: str):
                              "near_ties": sum(r.near_tie for r in cmp.logits),
                              "topk_agree": sum(r.topk_agree for r in cmp.logits),
                              "max_kl": kl if math.isfinite(kl) else None}
+        row["systematic"] = row_field(cmp)
         archive = _archive(args, port, model)
     except TraceError as e:                 # a plain path parts from the traced one
         row.update(status="fail", message=f"divergence: {e}",
@@ -286,6 +291,10 @@ def check_row(row, where: str) -> dict:
     for k, spec in SUB.items():
         if row[k] is not None:
             _check_table(where, k, row[k], spec)
+    from ladder.sweep.pooled import check_field
+    wrong = check_field(row["systematic"])
+    if wrong:
+        raise SweepError(f"{where}: field 'systematic' is malformed: {wrong}")
     for k, spec in (("settings", (lambda s: s in KEYS, _SETTING)),
                     ("layers", (lambda s: isinstance(s, str), _FRAC))):
         if not isinstance(row[k], dict):
