@@ -50,6 +50,34 @@ def test_an_archive_manifest_of_the_wrong_types_is_refused(tmp_path, capsys, edi
     assert len(err) < 400, err                         # a 5,000-entry list is not printed
 
 
+def _sch(**kw):
+    return lambda m: m["schedule"].update(**kw)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: m.update(kv_window=10 ** 60), "field kv_window=1000000000000000000000000000000"
+                                             "000000000000000000000000000000 outside"),
+    (lambda m: m.update(kv_window=-1), "field kv_window=-1 outside 0..2147483647"),
+    (lambda m: m["producer"].update(precision2="bfloat16"),
+     "field producer.precision2 is not a producer field"),
+    (_sch(prompt_len=-2 ** 63), "field schedule.prompt_len=-9223372036854775808 outside 0..3"),
+    (_sch(prompt_len=2 ** 40), "field schedule.prompt_len=1099511627776 outside 0..3"),
+    (_sch(prompt_len=1), "field schedule.prompt_len=1 contradicts schedule.steps[0] "
+                         "('prefill', 2 tokens from position 0)"),
+])
+def test_an_archive_whose_declarations_do_not_hold_is_refused(tmp_path, capsys, edit, match):
+    # each read as a number or a key the comparison would use or silently drop
+    path = _doctored_archive(tmp_path, edit)
+    capsys.readouterr()
+    _refused(["compare", path, "reference"], capsys, tmp_path, match)
+
+
+def test_a_producer_key_of_the_producers_own_is_kept(tmp_path, capsys):
+    path = _doctored_archive(tmp_path, lambda m: m["producer"].update({"x-git-sha": "abc"}))
+    capsys.readouterr()
+    assert ladder_main(["compare", path, "reference"]) == 0
+
+
 def test_a_needle_rs_blob_with_a_zero_dimension_is_refused(tmp_path, capsys):
     stem = tmp_path / "nrs"
     assert ladder_main(["regen", "--format", "needle-rs", "--out", str(stem), "--prompt-len",

@@ -33,7 +33,6 @@ import gc
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from weight_floor import floor_ms, table_mb                     # noqa: E402
+from weight_floor import floor_ms, median_ms, table_mb          # noqa: E402
 from port.batch import V2Batch                                  # noqa: E402
 from port.model import V2Model                                   # noqa: E402
 from reference import cact                                       # noqa: E402
@@ -52,15 +51,6 @@ from reference.params import init_params                         # noqa: E402
 from ladder.cli.progress import Stages                               # noqa: E402
 
 PROMPT = 256
-
-
-def median_ms(fn, n):
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
 
 
 def rss_mb() -> float:

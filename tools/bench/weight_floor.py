@@ -15,7 +15,8 @@ import time
 import torch
 
 
-def _median_ms(fn, n):
+def median_ms(fn, n):
+    """Milliseconds, the median of n calls (every bench of tools/bench/ times with it)."""
     ts = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -62,8 +63,8 @@ def floor_ms(mb: float, reps: int = 50) -> dict:
     for _ in range(3):                         # warm: the step's weights are warm too
         flat.sum()
         torch.mv(w, x)
-    got = {"sum_ms": _median_ms(lambda: flat.sum(), reps),
-           "matvec_ms": _median_ms(lambda: torch.mv(w, x), reps)}
+    got = {"sum_ms": median_ms(lambda: flat.sum(), reps),
+           "matvec_ms": median_ms(lambda: torch.mv(w, x), reps)}
     got["floor_ms"] = min(got.values())
     got["floor_mb"] = rows * cols * 4 / 2**20
     return got
