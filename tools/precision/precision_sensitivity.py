@@ -1,15 +1,22 @@
-"""The harness's sensitivity at a precision: the smallest perturbation it detects, per point
-class (docs/precision.md, "Sensitivity").
+"""The harness's sensitivity at a precision: the smallest scale error it flags, per point class
+(docs/precision.md, "Systematic errors", "Measured").
 
-    python tools/precision/precision_sensitivity.py [--precision bfloat16] [--layer 2] [--json FILE]
+    python tools/precision/precision_sensitivity.py [--precision bfloat16] [--layer 2]
+        [--steps 12] [--at 0.003] [--json FILE]
 
-The port's output at one point class of one layer is scaled by 1 + eps at every position (its
-attention output `attn_out`, its MLP output `mlp_out`, or the lanes `x` it hands on), inside
-the port, so the change propagates as a real bug's would. For each class the smallest eps that
-the check flags is found by bisection in log space (eps from 1e-7 to 1), at float32 (the float32
-rules, no floor) and at the given precision (three-way, NOISE_RULES), beside each other: how much
-coarser a low-precision port's check is. Tiny preset, seed 0, prompt 6 + 12 steps; about 3
-minutes on the 2-core machine.
+One point class of one layer (its attention output `attn_out`, its MLP output `mlp_out`, or the
+lanes `x` it hands on) is scaled by 1 + eps at every position, two ways:
+  compute  inside the port, so the change propagates as a real bug's would;
+  records  only in what the port records, its other values untouched: an outside archive
+           holding the float32 port's values rounded to the precision, one point's scaled
+           before rounding (what `compare FILE reference` judges; the engine sees only records).
+For each class and way the smallest eps that is *flagged* (a failure, or a certain finding
+inside the margin, at the perturbed point) and the smallest that *fails* are found by bisection
+in log space (eps from 1e-7 to 1), at float32 (compute only; float32 rules) and at the given
+precision (three-way, NOISE_RULES, the systematic margins). --at EPS prints each case's verdict
+at that one scale: where the first divergence is, or the finding; --pool N judges it again over
+N models and pools them as a sweep does (ladder/sweep/pooled.py). Tiny preset, seed 0, prompt
+6 + --steps; about 5 minutes on the 2-core machine, plus about 2 s a model for --pool.
 """
 from __future__ import annotations
 
@@ -48,21 +55,86 @@ def perturbed(port, point: str, layer: int, eps: float):
     return port
 
 
-def detected(model, precision, point, layer, eps, steps) -> bool:
+class ScaledRecords:
+    """The float32 port seen through the protocol alone, its records rounded to `dtype` as they
+    leave it, one point's scaled by `s` first (an archive written by someone else's code)."""
+
+    def __init__(self, inner, dtype, name, layer, s):
+        self.inner, self.dtype, self.name, self.layer, self.s = inner, dtype, name, layer, s
+
+    def make_state(self):
+        return self.inner.make_state()
+
+    def step_traced(self, token, state, logits, trace):
+        def record(name, layer, v):
+            if v.is_floating_point():
+                if name == self.name and layer == self.layer:
+                    v = v * self.s
+                if self.dtype is not None:
+                    v = v.to(self.dtype).float()
+            trace(name, layer, v)
+        return self.inner.step_traced(token, state, logits, record)
+
+
+def judged(model, precision, way, point, layer, eps, steps):
+    import torch
+    from ladder.model.precision import Precision
     from ladder.sides.judge import judge
-    port = perturbed(model.our_port(precision=precision), point, layer, eps)
-    return not judge(port, model, prompt_len=6, steps=steps, locate=False).passed
+    if way == "compute":
+        port = perturbed(model.our_port(precision=precision), point, layer, eps)
+    else:
+        p = None if precision is None else Precision.parse(precision)
+        inner = model.our_port(precision=None if p is None or p.kv == "float32"
+                               else f"float32,kv={p.kv}")
+        port = ScaledRecords(inner, None if p is None else getattr(torch, p.activations),
+                             point, layer, 1.0 + eps)
+    return judge(port, model, prompt_len=6, steps=steps, locate=False,
+                 precision=precision or "float32")
 
 
-def smallest(model, precision, point, layer, steps, rounds: int = 9) -> float:
+def verdict(model, precision, way, point, layer, eps, steps):
+    """(status, where): status 'fail' (at `where`, the first divergence), 'finding' (at the
+    perturbed point) or 'pass'."""
+    v = judged(model, precision, way, point, layer, eps, steps)
+    if not v.passed:
+        return "fail", v.cmp.first.key if v.cmp.first is not None else "logits"
+    here = f"L{layer:02d}.{point}"
+    if any(r.finding and r.point == here for r in v.cmp.systematic):
+        return "finding", here
+    return "pass", ""
+
+
+def pooled(precision, way, point, layer, eps, steps, seeds: int) -> str:
+    """The scale at `eps` over `seeds` models, pooled as a sweep pools them: the pool's status
+    at the perturbed point, with its estimate."""
+    from ladder.sides.judge import ModelUnderTest
+    from ladder.sweep.pooled import pool, row_field
+    rows = []
+    for seed in range(seeds):
+        model = ModelUnderTest.build(preset="tiny", seed=seed)
+        v = judged(model, precision, way, point, layer, eps, steps)
+        rows.append({"index": seed, "id": f"seed {seed}", "systematic": row_field(v.cmp),
+                     "settings": {"precision": precision, "seed": seed}})
+    (group,) = pool(rows)
+    here = f"L{layer:02d}.{point}"
+    for status, key in (("FAIL", "failing"), ("finding", "findings")):
+        for r in group[key]:
+            if r.point == here:
+                return f"pooled {status}: {r.text()}"
+    others = [r.point for r in group["failing"]]
+    return f"pooled pass{' (failing elsewhere: ' + ', '.join(others) + ')' if others else ''}"
+
+
+def smallest(test, rounds: int = 8) -> float:
+    """The smallest eps in 1e-7..1 for which test(eps) holds (bisection in log space)."""
     lo, hi = 1e-7, 1.0                       # lo: not detected (checked), hi: detected
-    if detected(model, precision, point, layer, lo, steps):
+    if test(lo):
         return lo
-    if not detected(model, precision, point, layer, hi, steps):
+    if not test(hi):
         return math.inf
     for _ in range(rounds):
         mid = math.sqrt(lo * hi)
-        if detected(model, precision, point, layer, mid, steps):
+        if test(mid):
             hi = mid
         else:
             lo = mid
@@ -78,19 +150,38 @@ def main(argv=None) -> int:
     ap.add_argument("--layer", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--at", type=float, default=0.003)
+    ap.add_argument("--pool", type=int, default=0, metavar="SEEDS",
+                    help="also judge --at over this many models (seeds 0..SEEDS-1) and pool "
+                         "them as a sweep does")
     args = ap.parse_args(argv)
     model = ModelUnderTest.build(preset="tiny", seed=0)
-    print(f"smallest detected scale 1+eps at L{args.layer:02d} (tiny, seed 0, prompt 6 + "
-          f"{args.steps} steps, {torch.get_num_threads()} torch threads; bisection to a "
-          f"factor {10 ** (7 / 2 ** 9):.2f})")
-    print(f"{'point':10s} {'float32':>10s} {args.precision:>18s} {'ratio':>7s}")
+    print(f"smallest scale 1+eps flagged / failing at L{args.layer:02d} (tiny, seed 0, prompt "
+          f"6 + {args.steps} steps, {torch.get_num_threads()} torch threads; bisection to a "
+          f"factor {10 ** (7 / 2 ** 8):.2f})")
+    print(f"{'point':10s} {'way':8s} {'float32 fails':>13s} {args.precision + ' flagged':>17s} "
+          f"{'fails':>9s}   at 1+{args.at:g}")
     rows = []
     for point in CLASSES:
-        e32 = smallest(model, None, point, args.layer, args.steps)
-        elo = smallest(model, args.precision, point, args.layer, args.steps)
-        rows.append({"point": point, "layer": args.layer, "float32": e32, "low": elo,
-                     "precision": args.precision})
-        print(f"{point:10s} {e32:10.2e} {elo:18.2e} {elo / e32:7.0f}")
+        def status(prec, way, eps, point=point):
+            return verdict(model, prec, way, point, args.layer, eps, args.steps)
+        e32 = smallest(lambda e: status(None, "compute", e)[0] == "fail")
+        for way in ("compute", "records"):
+            flag = smallest(lambda e, w=way: status(args.precision, w, e)[0] != "pass")
+            fail = smallest(lambda e, w=way: status(args.precision, w, e)[0] == "fail")
+            st, where = status(args.precision, way, args.at)
+            at = f"{st} at {where}" if where else st
+            located = where.endswith(f"L{args.layer:02d}.{point}")
+            rows.append({"point": point, "layer": args.layer, "way": way, "float32": e32,
+                         "flagged": flag, "fails": fail, "precision": args.precision,
+                         "at": args.at, "at_status": st, "at_where": where,
+                         "at_located": located})
+            print(f"{point:10s} {way:8s} {e32:13.2e} {flag:17.2e} {fail:9.2e}   {at}"
+                  f"{'' if located or st == 'pass' else '  (not the perturbed point)'}")
+            if args.pool:
+                rows[-1]["pooled"] = pooled(args.precision, way, point, args.layer, args.at,
+                                            args.steps, args.pool)
+                print(f"{'':19s} {args.pool} models at 1+{args.at:g}: {rows[-1]['pooled']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

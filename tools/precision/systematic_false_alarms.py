@@ -2,8 +2,8 @@
 errors", "Measured"): every case judged three-way at its precision, then each group's cases
 pooled as a sweep pools them (ladder/sweep/pooled.py).
 
-    python tools/precision/systematic_false_alarms.py [--seeds 6] [--f32-seeds 34] [--jobs 2]
-        [--json FILE]
+    python tools/precision/systematic_false_alarms.py [--seeds 6] [--f32-seeds 34]
+        [--triton-seeds 4] [--first-seed 0] [--jobs 2] [--json FILE]
 
 Honest ports, three rounding orders against the floor's (the reference rounding at every op):
   ours      port.V2Model at the precision: float32 arithmetic, one rounding per store
@@ -29,7 +29,8 @@ from concurrent.futures import ProcessPoolExecutor
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 PRECISIONS = ("bfloat16", "float16", "float32,kv=int8", "bfloat16,kv=int8")
-PORTS = ("ours", "recorded", "blocked")
+PORTS = ("ours", "recorded", "blocked", "triton")
+TRITON_PRECISIONS = ("bfloat16", "float16")
 SCHEDULES = ((6, 12), (10, 30), (20, 20))
 BLOCK = 32
 
@@ -71,11 +72,18 @@ def _port(model, kind, precision):
     from ladder.model.precision import Precision
     if kind == "ours":
         return model.our_port(precision=precision)
+    if kind == "triton":
+        return model.our_port(backend="triton", precision=precision)
     if kind == "blocked":
         return blocked(model.our_port(precision=precision))
     p = Precision.parse(precision)
     inner = model.our_port(precision=f"float32,kv={p.kv}" if p.kv != "float32" else None)
     return RecordedOnly(inner, getattr(torch, p.activations))
+
+
+def _has_gpu() -> bool:
+    import torch
+    return torch.cuda.is_available()
 
 
 def run_case(case: dict) -> dict:
@@ -95,16 +103,21 @@ def run_case(case: dict) -> dict:
                 systematic=row_field(v.cmp))
 
 
-def cases(seeds: int, f32_seeds: int) -> list:
+def cases(seeds: int, f32_seeds: int, triton_seeds: int = 0, first: int = 0) -> list:
     out = []
     for prec in PRECISIONS:
         for kind in PORTS:
             if kind == "recorded" and prec == "float32,kv=int8":
                 continue
+            if kind == "triton":
+                if prec in TRITON_PRECISIONS:
+                    out += [dict(precision=prec, port=kind, seed=s, prompt=6, steps=12)
+                            for s in range(first, first + triton_seeds)]
+                continue
             out += [dict(precision=prec, port=kind, seed=s, prompt=p, steps=n)
-                    for s in range(seeds) for p, n in SCHEDULES]
+                    for s in range(first, first + seeds) for p, n in SCHEDULES]
     out += [dict(precision="float32", port="ours", seed=s, prompt=p, steps=n)
-            for s in range(f32_seeds) for p, n in SCHEDULES]
+            for s in range(first, first + f32_seeds) for p, n in SCHEDULES]
     return out
 
 
@@ -113,10 +126,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--f32-seeds", type=int, default=34)
+    ap.add_argument("--triton-seeds", type=int, default=4)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds from this one on (fresh models: a check not tuned on them)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    todo = cases(args.seeds, args.f32_seeds)
+    todo = cases(args.seeds, args.f32_seeds, args.triton_seeds, args.first_seed)
+    if args.triton_seeds and not _has_gpu():
+        os.environ.setdefault("TRITON_INTERPRET", "1")    # read when the workers import triton
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as ex:
         rows = list(ex.map(run_case, todo))

@@ -145,3 +145,11 @@ def test_a_shrink_under_one_rounding_step_is_named_as_possibly_either():
     [r] = judged(point(3, scale=-0.003))
     assert r.failed and r.kind == "rounding mode"
     assert "or a shrink under one rounding step" in r.text()
+
+
+def test_a_tiny_certain_scale_prints_its_departure():
+    # At float32 a finding of 1 + 3.1e-8 +- 6.7e-9 printed five digits of 1 + s: "1 +- 6.7e-09"
+    from ladder.engine.systematic import Estimate, _scale_text
+    assert _scale_text(Estimate(3.1e-8, 6.7e-9, 1e-6)) == "1 + 3.1e-08 +- 6.7e-09"
+    assert _scale_text(Estimate(-2.5e-6, 4e-7, 1e-6)) == "1 - 2.5e-06 +- 4e-07"
+    assert _scale_text(Estimate(0.0033, 0.00036, 1e-6)) == "1.0033 +- 0.00036"
