@@ -50,15 +50,42 @@ def input_file(flag: str, path: str, what: str) -> None:
         _fail(f"{flag} {path}: not readable (check its permissions)")
 
 
+def _limit(path: str, name: str, default: int) -> int:
+    try:
+        return int(os.pathconf(path, name))
+    except (OSError, ValueError, AttributeError):       # not every system says
+        return default
+
+
+def name_lengths(where: str, path: str) -> str:
+    """The nearest existing directory above `path`, once every name still to be created fits
+    the file system there. exists() is False for a name too long to look up, so the names are
+    measured here: a mkdir failing with ENAMETOOLONG after the whole run is too late."""
+    probe, missing = os.path.abspath(path), []
+    while not os.path.lexists(probe):
+        missing.append(os.path.basename(probe))
+        probe = os.path.dirname(probe)
+    up = probe if os.path.isdir(probe) else os.path.dirname(probe)
+    name_max = _limit(up, "PC_NAME_MAX", 255)
+    for name in missing:
+        if len(os.fsencode(name)) > name_max:
+            _fail(f"{where}: a name of {len(os.fsencode(name))} bytes; this file system takes "
+                  f"at most {name_max} per name")
+    path_max = _limit(up, "PC_PATH_MAX", 4096)
+    if len(os.fsencode(os.path.abspath(path))) > path_max - 512:     # room for the files
+        _fail(f"{where}: a path of {len(os.fsencode(os.path.abspath(path)))} bytes; at most "
+              f"{path_max - 512} (this file system's {path_max}, less room for the files "
+              f"written under it)")
+    return probe
+
+
 def writable_dir(flag: str, path: str, shown: str | None = None) -> None:
     """A directory the command will create or write into: an existing directory, or a path
     whose nearest existing parent is a writable directory."""
     shown = path if shown is None else shown
     if os.path.exists(path) and not os.path.isdir(path):
         _fail(f"{flag} {shown}: exists and is not a directory (give a directory to write to)")
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
+    probe = name_lengths(f"{flag} {shown}", path)
     # A real write, not os.access: root passes every permission bit, yet /proc refuses.
     try:
         if not os.path.isdir(probe):
@@ -102,7 +129,7 @@ def _schedule_flags(args) -> None:
     _count("--prompt-len", args.prompt_len, 1, "the prompt needs at least one token")
     _count("--steps", args.steps, 0, "the number of one-token decode steps")
     if args.window is not None and args.window < 0:
-        _fail(f"--window {args.window}: must be >= 0 (0: full causal; drop --window for the "
+        _fail(f"--window {args.window}: must be >= 0 (0: the KV budget, kv_budget positions; drop --window for the "
               f"model's own window)")
     if not -2 ** 63 <= args.seed < 2 ** 64:
         _fail(f"--seed {args.seed}: outside -2**63..2**64-1, the range torch seeds take")
@@ -130,7 +157,7 @@ def _port_precision(args) -> None:
     spec = getattr(args, "port_precision", None)
     if spec is None:
         return
-    from ladder.model.precision import Precision, PrecisionError
+    from ladder.model.precision import Precision, PrecisionError, weights_contradiction
     try:
         prec = Precision.parse(spec, f"--port-precision {spec!r}")
     except PrecisionError as e:
@@ -145,6 +172,10 @@ def _port_precision(args) -> None:
         args.cmd not in ("compare", "dump") or "torch" in (getattr(args, "a", None),
                                                            getattr(args, "b", None),
                                                            getattr(args, "side", None)))
+    form = getattr(args, "weights", None) or ("cq" if getattr(args, "cact", None) else "dense")
+    why = ours and weights_contradiction(spec, prec, form, "--weights")
+    if why:
+        _fail(f"--port-precision {spec}: {why}")
     where = BELOW_FLOAT32.get((getattr(args, "backend", "torch"), getattr(args, "decode", "eager")))
     if ours and not prec.is_float32 and not (where == "any" or
                                              (where and prec.kv == prec.activations)):
@@ -315,9 +346,9 @@ def check(args) -> None:
     if args.cmd == "regen":
         _regen_flags(args)
         return
+    _port_precision(args)       # before _port_flags: a refused pair never builds the C step
     _port_flags(args)
     _port_timeout(args)
-    _port_precision(args)
     if args.cmd in ("compare", "dump"):
         if args.cmd == "dump":
             writable_dir("--out", os.path.dirname(os.path.abspath(args.out)) if args.out
@@ -336,8 +367,8 @@ def check_model(args, cfg) -> None:
     if args.window is not None and args.cmd != "regen":
         lo, hi = window_range(cfg)
         if not lo <= args.window <= hi:
-            full = "" if lo == 0 else (f"; 0 (full causal) needs a ring of max_seq_len="
-                                       f"{cfg.max_seq_len} slots")
+            full = "" if lo == 0 else (f"; 0 (the KV budget, {cfg.kv_budget} positions) "
+                                       f"needs a model whose kv_window is 0")
             _fail(f"--window {args.window}: must lie in {lo}..{hi}, the port's KV ring "
                   f"(make_state(): kv_window={cfg.kv_window}){full}; drop --window to run "
                   f"the model's own window")

@@ -22,8 +22,9 @@ from ladder.sides.model_input import (LadderInputError, build_port, load_model,
                                       port_precision, schedule_tokens)
 from ladder.sides.runinfo import describe_port, graph_verdict
 
-def compare_run(args, out=print):
-    """Everything `run`, `locate` and `report` share: (comparison, ladders, model, info)."""
+def compare_run(args, out=print, keep: str = "all"):
+    """Everything `run`, `locate` and `report` share: (comparison, ladders, model, info).
+    keep: compare_ladders' (`run` without --per-step folds the rows, as `compare` does)."""
     torch.manual_seed(args.seed)
     rules = load_rules(args.rules) if args.rules else DEFAULT_RULES
     params, cfg, src, cactfile = load_model(args)
@@ -109,7 +110,7 @@ def compare_run(args, out=print):
         out(graph_verdict(model, check))
     from ladder.engine.rules import UNIT_EPS
     cmp = compare_ladders(port, ref, rules, prefix="port", a_label=run.label(),
-                          b_label=ref.label, floor=floor,
+                          b_label=ref.label, keep=keep, floor=floor,
                           unit_eps=UNIT_EPS[prec.activations if prec else "float32"],
                           precision=prec)
     cmp.precision = prec
@@ -142,7 +143,10 @@ def cmd_run(args, out=print) -> int:
     if other_model(args):
         from ladder.v41.cli import cmd_run as v41_run
         return v41_run(args, out)
-    cmp, extra, port, ref, *_, info = compare_run(args, out)
+    # the table without --per-step needs each point's worst row only: folded, the rows of a
+    # long schedule are never all built (the printed table and verdict are the same)
+    cmp, extra, port, ref, *_, info = compare_run(
+        args, out, "all" if getattr(args, "per_step", False) else "summary")
     print_table(cmp, args, out)
     out("")
     out(str(cmp))

@@ -9,6 +9,7 @@ candidate, B (default `reference`) the yardstick whose magnitudes scale the boun
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -37,13 +38,23 @@ def run_live(spec, args, params, cfg, cactfile, tokens, prompt, window, progress
             raise _err("compare: side 'port' needs --port module:factory")
         from ladder.sides import ports
         timeout = getattr(args, "port_timeout", None)
-        port = ports.build_port(args.port, params, cfg, timeout=timeout)
+        # the schedule's window reaches the factory as cfg.kv_window (the protocol's one way
+        # to tell a port its window: README "Bring your own port")
+        port_cfg = cfg if window == cfg.kv_window else dataclasses.replace(cfg,
+                                                                           kv_window=window)
+        port = ports.build_port(args.port, params, port_cfg, timeout=timeout)
         state_window = getattr(ports.guarded_call(f"--port {args.port}: make_state()",
                                                   port.make_state, timeout=timeout),
-                               "window", window)
-        if state_window != window:
+                               "window", None)
+        if state_window is None and window != cfg.kv_window:
+            raise _err(f"compare: window {window} (the model's is {cfg.kv_window}): --port "
+                       f"{args.port}'s make_state() has no `window` attribute, so whether its "
+                       f"factory took cfg.kv_window={window} cannot be checked; give the state "
+                       f"a `window`, or drop --window")
+        if state_window is not None and state_window != window:
             raise _err(f"compare: --port {args.port} steps on a window of {state_window}; the "
-                       f"schedule's is {window}")
+                       f"schedule's is {window} (its factory got cfg.kv_window={window}: build "
+                       f"the state's window from it)")
         return ports.capture_protocol(port, cfg, tokens, prompt, check_plain=check,
                                       progress=progress, label=f"port {args.port}",
                                       timeout=timeout), params, args.port
@@ -94,6 +105,8 @@ def cmd_compare(args, out=print) -> int:
             raise _err(f"compare: {len(tokens)} positions recorded, more than the model's "
                        f"max_seq_len={cfg.max_seq_len}")
     else:
+        from ladder.cli.args import check_model
+        check_model(args, cfg)          # --window and the schedule against the geometry
         tokens, prompt = schedule_tokens(args, cfg)
         window = cfg.kv_window if args.window is None else args.window
     ladders, labels, ref_params = [], [], params
@@ -110,7 +123,7 @@ def cmd_compare(args, out=print) -> int:
             ladders.append(lad)
             labels.append(label)
     a, b = ladders
-    out(f"needle-parity compare: {labels[0]} vs {labels[1]}")
+    out(f"needle-parity {getattr(args, 'via', None) or 'compare'}: {labels[0]} vs {labels[1]}")
     last = "last" in (a.captured, b.captured)
     out(f"schedule: prompt {prompt} + {len(tokens) - prompt} decode steps = {len(tokens)} "
         f"positions, window {window}" + (f"; compared: {len(a.steps)} last positions of "

@@ -86,6 +86,7 @@ class Models:
 def checker(args, models, planted_path: bool):
     """schedule -> the Divergence it shows (None when every point passes)."""
     from ladder.sides.capture import PathError
+    from ladder.sides.ports import PortLoadError
     from ladder.sides.judge import judge
 
     def check(s: Schedule):
@@ -100,7 +101,16 @@ def checker(args, models, planted_path: bool):
                       check_plain=planted_path or not args.no_check_plain, **kw)
         except PathError as e:
             return Divergence(f"{e.path}:{e.point}", "path", e.step, e.position, math.inf)
+        except PortLoadError as e:
+            # a port whose factory assumes its full depth cannot be built on fewer layers:
+            # that candidate cannot show the divergence (said after the search), any other
+            # failure is the port's and ends the run
+            if s.layers in (0, models.full.cfg.num_layers):
+                raise
+            check.skipped.append((s.layers, str(e).splitlines()[0][:200]))
+            return None
         return _divergence(v)
+    check.skipped = []
     return check
 
 
@@ -113,14 +123,15 @@ def _from_sweep(args, out):
     names = sorted(n for n in (os.listdir(cases) if os.path.isdir(cases) else [])
                    if n == case or n.startswith(case + "-"))
     if len(names) != 1:
-        raise LadderInputError(f"--from-sweep {d} {case}: " + (
-            f"no case {case!r} under {cases}" if not names else
+        raise LadderInputError(f"--from-sweep {d!r} {case!r}: " + (
+            f"no case {case!r} under {cases!r}" if not names else
             f"{len(names)} cases match ({', '.join(names[:4])}); give the full id"))
     row = read_result(os.path.join(cases, names[0], "result.json"))
     run = row.get("run") if isinstance(row, dict) else None
     if not isinstance(run, str):
         raise LadderInputError(f"--from-sweep: {names[0]}/result.json field run={run!r} is not "
                                f"a `python -m ladder run` command")
+    _only_own_flags(args)
     argv = _run_argv(run, f"--from-sweep: {names[0]}/result.json field run")
     out(f"from sweep case {names[0]}: {run}")
     new = build_parser().parse_args(["shrink", *argv])
@@ -132,11 +143,32 @@ def _from_sweep(args, out):
     return new
 
 
+# shrink's own flags, which --from-sweep keeps from the command line (the case's `run` gives
+# every other one)
+_KEPT = ("max_time", "out", "point", "verdict", "force", "max_memory", "from_sweep", "cmd")
+
+
+def _only_own_flags(args) -> None:
+    """With --from-sweep the case's `run` string sets the run flags: one given on the command
+    line too would be dropped in silence, so it is refused, naming it."""
+    from ladder.cli.parser import build_parser
+    defaults = vars(build_parser().parse_args(["shrink"]))
+    given = [k for k, v in vars(args).items()
+             if k not in _KEPT and k in defaults and v != defaults[k]]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise LadderInputError(f"shrink --from-sweep: {flag} {getattr(args, given[0])!r} is a "
+                               f"run flag, and the case's result.json `run` sets the run flags; "
+                               f"beside --from-sweep give only --point, --verdict, --out, "
+                               f"--force, --max-time, --max-memory")
+
+
 # What a sweep row's `run` may hold: the command `ladder sweep` wrote, a few dozen flags. A
 # bound far above that keeps argparse (quadratic in the flag count) from running for minutes.
 MAX_RUN_CHARS, MAX_RUN_FLAGS = 4096, 64
 # shrink's own choices; a row's run string that sets them would be silently overridden.
-_SHRINK_OWN = ("--point", "--verdict", "--out", "--from-sweep", "--max-time", "--help", "-h")
+_SHRINK_OWN = ("--point", "--verdict", "--out", "--force", "--from-sweep", "--max-time",
+               "--help", "-h")
 
 
 def _run_argv(run: str, field: str) -> list:
@@ -156,15 +188,27 @@ def _run_argv(run: str, field: str) -> list:
     if len(argv) > MAX_RUN_FLAGS:
         raise LadderInputError(f"{field} holds {len(argv)} arguments; a sweep's run command "
                                f"holds at most {MAX_RUN_FLAGS}")
+    longs = _shrink_long_flags()
     for word in argv:
         flag = word.split("=", 1)[0]
-        # argparse takes any unambiguous prefix of a long flag, so --ou means --out
-        hit = [f for f in _SHRINK_OWN if flag == f or flag.startswith("--") and len(flag) > 3
-               and f.startswith(flag)]
-        if word.startswith("-") and hit:
+        # argparse takes any unambiguous prefix of a long flag (--ou is --out, --h is --help)
+        # and reads -hX as -h then X, so a word is resolved as the shrink parser will read it
+        if flag.startswith("--"):
+            hit = [flag] if flag in longs else [f for f in longs if f.startswith(flag)]
+            hit = hit if len(hit) == 1 else []
+        else:
+            hit = ["-h"] if flag.startswith("-h") else []
+        if hit and hit[0] in _SHRINK_OWN:
             raise LadderInputError(f"{field} sets {hit[0]} ({word[:40]!r}): shrink's own flag, "
                                    f"not a run flag; give it to shrink itself")
     return argv
+
+
+def _shrink_long_flags() -> list:
+    """Every long option the shrink parser knows (the row's run flags are parsed by it)."""
+    from ladder.cli.parser import build_parser
+    sub = next(a for a in build_parser()._actions if a.dest == "cmd").choices["shrink"]
+    return [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
 
 
 def cmd_shrink(args, out=print) -> int:
@@ -195,13 +239,9 @@ def check_out(path: str, force: bool = False) -> None:
     if os.path.islink(path) or os.path.lexists(path) and not os.path.isdir(path):
         raise LadderInputError(f"{where}: exists and is not a directory (a link or a file); "
                                f"name a new or existing directory")
-    for part in os.path.normpath(path).split(os.sep):
-        if len(part.encode("utf-8", "surrogateescape")) > 255:
-            raise LadderInputError(f"{where}: a component of {len(part)} characters; the "
-                                   f"filesystem takes at most 255")
-    up = os.path.dirname(os.path.abspath(path))
-    while not os.path.lexists(up):
-        up = os.path.dirname(up)
+    from ladder.cli.args import name_lengths
+    up = name_lengths(where, os.path.dirname(os.path.abspath(path)))
+    name_lengths(where, path)
     if not os.path.isdir(up):
         raise LadderInputError(f"{where}: {up} is not a directory, so nothing can be made "
                                f"under it")
@@ -211,6 +251,9 @@ def check_out(path: str, force: bool = False) -> None:
             if os.path.islink(f):
                 raise LadderInputError(f"{where}: {name} there is a link; shrink never writes "
                                        f"through or over a link")
+            if os.path.lexists(f) and not os.path.isfile(f):
+                raise LadderInputError(f"{where}: {name} there is not a regular file (a "
+                                       f"directory?); shrink replaces only its own files")
             if os.path.lexists(f) and not force:
                 raise LadderInputError(f"{where}: {name} is already there; pass --force to "
                                        f"replace it, or name another directory")
@@ -220,6 +263,10 @@ def _search(args, out, tmp) -> int:
     from ladder.cli.args import window_range
     if args.out is not None:
         check_out(args.out, getattr(args, "force", False))
+    if args.port and args.window is not None:
+        raise LadderInputError(f"shrink --port {args.port} --window {args.window}: a protocol "
+                               f"port is judged on its own make_state() in every candidate, so "
+                               f"--window cannot reach it; drop --window")
     if args.port and args.plant:
         raise LadderInputError(f"shrink --port {args.port} --plant {args.plant}: a fault is "
                                f"planted in our port, not in --port's; shrink one or the other")
@@ -236,6 +283,8 @@ def _search(args, out, tmp) -> int:
     model = models.full
     path = path_faults.PATH_FAULTS.get(args.plant) if args.plant else None
     check = checker(args, models, path is not None)
+    if args.point is not None:
+        _check_point(args.point, model.cfg)
     tokens = model.tokens(args.prompt_len + args.steps)
     made = model.our_port(args.backend, args.decode, args.device).make_state().window \
         if not args.port else None
@@ -265,6 +314,11 @@ def _search(args, out, tmp) -> int:
     out(f"smallest schedule: {res.best.describe()}")
     out(f"  tokens {list(res.best.tokens)}, prompt_len {res.best.prompt_len}")
     out(f"divergence: {res.divergence.describe()}")
+    if check.skipped:
+        depths = sorted({k for k, _ in check.skipped})
+        out(f"note: {len(check.skipped)} candidate{'s' * (len(check.skipped) != 1)} of "
+            f"{' or '.join(map(str, depths))} layers could not be built and were taken as not "
+            f"showing it: {check.skipped[0][1]}")
     out(f"{res.ratio():.3g}x fewer positions ({len(start.tokens)} -> {len(res.best.tokens)}); "
         f"{res.tried} candidates in {res.seconds:.1f} s"
         + ("; stopped by --max-time (the best so far)" if res.timed_out else ""))
@@ -277,10 +331,23 @@ def _search(args, out, tmp) -> int:
     return 0
 
 
+def _check_point(point: str, cfg) -> None:
+    """--point names a registry point of this model (L03.q), or a plain path's divergence as
+    shrink prints it (prefill_batch:L00.x); anything else could never be kept."""
+    from ladder.model.points import expected
+    names = [n for n, _ in expected(cfg)]
+    bare = point.split(":", 1)[1] if ":" in point else point
+    if bare not in names:
+        raise LadderInputError(f"--point {point[:60]!r}: not a point of this model "
+                               f"({cfg.num_layers} layers; e.g. {names[1]}, L00.y, logits; "
+                               f"`python -m ladder points` lists them)")
+
+
 def pytest_flags(args, params_file=None) -> list:
     """The plugin's flags for the model and port the search ran on (`params_file`: the
-    sub-model of fewer layers, written beside the test)."""
-    flags = ["--ladder-params", params_file] if params_file else []
+    sub-model of fewer layers, written beside the test and named by the ini file's
+    ladder_params key, so no flag names it)."""
+    flags = []
     if params_file:
         args = argparse.Namespace(**{**vars(args), "preset": "tiny", "seed": 0,
                                      "params": None, "cact": None})
@@ -303,8 +370,7 @@ def write_reproducer(args, res, sub_file=None) -> list:
     sub-model's parameters (DIR/model.safetensors, copied from `sub_file`) when the search
     dropped layers."""
     from ladder.engine.atomic import write_all
-    model_file = os.path.abspath(os.path.join(args.out, "model.safetensors")) \
-        if sub_file is not None else None
+    model_file = os.path.join(args.out, "model.safetensors") if sub_file is not None else None
     b, d = res.best, res.divergence
     window = "" if args.port else f", window={b.window}"
     plant = f" --ladder-plant {args.plant}" if args.plant else ""
@@ -316,14 +382,23 @@ def write_reproducer(args, res, sub_file=None) -> list:
             f"@pytest.mark.ladder(tokens={list(b.tokens)}, prompt_len={b.prompt_len}{window})\n"
             f"def test_shrunk_divergence(ladder_check):\n"
             f"    ladder_check()\n")
-    ini = "[pytest]\naddopts = " + " ".join(shlex.quote(f) for f in
-                                          pytest_flags(args, model_file)) + "\n"
+    # paths inside the directory are relative to it (pytest reads an ini path beside the
+    # ini file), so the directory can be moved into another suite whole; a model file or
+    # port module outside it is named absolutely
+    flags = pytest_flags(args, model_file)
+    ini = "[pytest]\n" + ("addopts = " + " ".join(shlex.quote(f) for f in flags) + "\n"
+                          if flags else "")
+    if model_file is not None:
+        ini += "ladder_params = model.safetensors\n"
     if args.port:                   # where `module` of --port module:factory imported from
         ini += f"pythonpath = {os.getcwd()}\n"
-    fails = f"python -m pytest {args.out}{plant}"
-    readme = (f"`{fails}` reproduces {d.point} ({d.verdict or 'first divergence'}) on "
-              f"{b.describe()}: it fails on the bug and passes once it is fixed"
-              + (f" (without --ladder-plant {args.plant})" if args.plant else "") + ".\n")
+    fails = f"python -m pytest .{plant}"
+    readme = (f"In this directory, `{fails}` reproduces {d.point} "
+              f"({d.verdict or 'first divergence'}) on {b.describe()}: it fails on the bug and "
+              f"passes once it is fixed" + (f" (without --ladder-plant {args.plant})"
+                                            if args.plant else "") +
+              ". From elsewhere, give the directory's path in place of `.`; the files name "
+              "nothing by this directory's path, so it can be moved whole.\n")
     os.makedirs(args.out, exist_ok=True)
     files = {os.path.join(args.out, TEST_FILE): test, os.path.join(args.out, "pytest.ini"): ini,
              os.path.join(args.out, "README.md"): readme}

@@ -34,7 +34,8 @@ producer; README "Bring your own port"):
       leading_axis "positions" (default) or "free" (V4.1: the point's own first axis)
 
 The reader refuses anything else with ArchiveError naming the field (or tensor) and the
-limit. The comparison engine needs only `Ladder`; nothing here knows the model.
+limit, what a run can use included (MAX_POSITIONS, MAX_CELLS), and a step with no tensor.
+The comparison engine needs only `Ladder`; nothing here knows the model.
 """
 from __future__ import annotations
 
@@ -56,6 +57,11 @@ SCHEMAS = (1, 2)            # version 1: no producer.precision (a float32 produc
 META_KEY = "needle_parity_trace"
 MAX_STEPS = 1 << 16
 MAX_POINTS = 1 << 16
+# What one run can use, whatever a file declares: positions (a model holds max_seq_len; needle
+# v2's is 2048, DeepSeek's longest context 2^20) and (step, point) cells, each a value or a
+# "not emitted" entry built before any comparison (shipped: 2048 steps x 550 points = 1.1M).
+MAX_POSITIONS = 1 << 20
+MAX_CELLS = 1 << 21
 MAX_NAME = 200                      # characters of a step or point name
 MAX_TOKEN = 1 << 31
 PRODUCER_KEYS = ("name", "version", "backend", "device", "dtype", "precision")
@@ -198,6 +204,9 @@ def parse_manifest(text, where: str) -> dict:
                            f"of {LEADING_AXES}")
     sch = m["schedule"]
     tokens = _need(sch, "tokens", list, f"{where}: schedule")
+    if len(tokens) > MAX_POSITIONS:
+        raise ArchiveError(f"{where}: field schedule.tokens holds {len(tokens)} ids; limit "
+                           f"{MAX_POSITIONS} positions (MAX_POSITIONS)")
     if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TOKEN
                for t in tokens):
         raise ArchiveError(f"{where}: field schedule.tokens must hold integers in "
@@ -220,12 +229,16 @@ def parse_manifest(text, where: str) -> dict:
         at = f"{where}: schedule.steps[{i}]"
         name = _name(_need(s, "name", str, at), "step name", at)
         pos = _need(s, "pos", int, at)
-        if not 0 <= pos < MAX_TOKEN:
-            raise ArchiveError(f"{at}: field pos={pos} outside 0..{MAX_TOKEN - 1}")
+        if not 0 <= pos < MAX_POSITIONS:
+            raise ArchiveError(f"{at}: field pos={pos} outside 0..{MAX_POSITIONS - 1} "
+                               f"(MAX_POSITIONS)")
         n = _need(s, "len", int, at)
         if not 1 <= n <= len(tokens) - used:
             raise ArchiveError(f"{at}: field len={n} must lie in 1..{len(tokens) - used} "
                                f"(the tokens left)")
+        if pos + n > MAX_POSITIONS:
+            raise ArchiveError(f"{at}: field pos={pos} + len={n} runs past position "
+                               f"{MAX_POSITIONS - 1} (MAX_POSITIONS)")
         out.append(Step(name, pos, tuple(tokens[used:used + n])))
         used += n
     if used != len(tokens) or len({s.name for s in out}) != len(out):
@@ -248,6 +261,13 @@ def parse_manifest(text, where: str) -> dict:
     for k, why in m["not_emitted"].items():
         if not isinstance(why, str):
             raise ArchiveError(f"{where}: field not_emitted[{k[:40]!r}] must be a string")
+    # a step-free not_emitted entry stands for that point at every step (read() expands it)
+    per_step = len(m["points"]) + sum("/" not in k for k in m["not_emitted"])
+    cells = len(out) * per_step + len(m["not_emitted"])
+    if cells > MAX_CELLS:
+        raise ArchiveError(f"{where}: fields schedule.steps ({len(out)}) x points and "
+                           f"not_emitted ({per_step}) declare {cells} (step, point) cells; "
+                           f"limit {MAX_CELLS} (MAX_CELLS)")
     m["_steps"] = out
     return m
 
@@ -320,6 +340,16 @@ def read(path, max_memory: int | None = None, lazy: bool = False) -> tuple:
         if f is not None:
             f.close()
         raise
+    try:
+        return _assemble(where, meta, infos, tensors, f, data_start if lazy else 0, lazy)
+    except BaseException:
+        if f is not None:         # a refused file leaves no open handle behind
+            f.close()
+        raise
+
+
+def _assemble(where, meta, infos, tensors, f, data_start, lazy) -> tuple:
+    """read()'s manifest checked against the file's tensors, and the Ladder's fields."""
     if META_KEY not in meta:
         raise ArchiveError(f"{where}: safetensors metadata lacks {META_KEY!r}: not a "
                            f"needle-parity trace archive")
@@ -357,16 +387,25 @@ def read(path, max_memory: int | None = None, lazy: bool = False) -> tuple:
             if dtype in (torch.float16, torch.bfloat16):
                 upcast.append(key)
             keys.append(key)
-    if lazy:
-        values = LazyValues(f, where, infos, data_start, keys, error=ArchiveError)
-    else:
-        values = {k: tensors[k].float() if k in upcast else tensors[k] for k in keys}
     hidden = {}
     for k, why in m["not_emitted"].items():
         if "/" in k:
             hidden[k] = why
         else:
-            hidden.update({f"{s.name}/{k}": why for s in steps if f"{s.name}/{k}" not in values})
+            hidden.update({f"{s.name}/{k}": why for s in steps if f"{s.name}/{k}" not in infos})
+    held = {k.partition("/")[0] for k in keys}
+    for i, st in enumerate(steps):
+        # a listed step with no tensor and no declaration is a file a writer cut short, not a
+        # port whose every point diverges
+        if st.name not in held and any(f"{st.name}/{p}" not in hidden for p in m["points"]):
+            name = {b: a for a, b in m["renamed_steps"].items()}.get(st.name, st.name)
+            raise ArchiveError(f"{where}: schedule.steps[{i}] {name!r} has none of its tensors "
+                               f"(no '{name}/...' key of the {len(m['points'])} in field "
+                               f"points, and not_emitted does not declare them)")
+    if lazy:
+        values = LazyValues(f, where, infos, data_start, keys, error=ArchiveError)
+    else:
+        values = {k: tensors[k].float() if k in upcast else tensors[k] for k in keys}
     m["upcast"] = upcast
     prod = m["producer"]
     label = " ".join(x for x in (prod.get("name"), prod.get("backend")) if x) or where

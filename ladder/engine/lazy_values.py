@@ -46,6 +46,10 @@ class LazyValues(Mapping):
         """One read for the whole step when its tensors lie together (a writer that sorts
         keys puts them so), else per tensor on demand."""
         self._step, self._cache, self._arrays, self._buf, self.held = step, {}, None, None, 0
+        if step not in self._spans:
+            # a step with no tensor here (every point declared not emitted): nothing to read;
+            # asking for one of its keys is a KeyError of the mapping, as for any absent key
+            return
         lo, hi, own = self._spans[step]
         if 0 < hi - lo <= 2 * own:
             self._buf, self._base = self._read(lo, hi, step), lo

@@ -156,6 +156,30 @@ def _patterns(v, where) -> tuple:
     return tuple(v)
 
 
+_DTYPE_WORD = re.compile(r"[A-Za-z0-9]{1,16}")
+
+
+def _precision(spec, where: str):
+    """The map's precision: a declaration string, or a table whose every field is one dtype
+    word (a table value "bfloat16,kv=int8" would carry a second declaration in one field).
+    Every refusal names the map file, the cache-wider-than-activations one included (the
+    precision module raises that one without knowing where the declaration came from)."""
+    from ladder.model.precision import Precision, PrecisionError
+    if isinstance(spec, dict):
+        for key, v in spec.items():
+            if not isinstance(v, str) or not _DTYPE_WORD.fullmatch(v):
+                raise NameMapError(f"{where}: field {str(key)[:40]}={repr(v)[:40]} must be "
+                                   f"one dtype word (e.g. \"bfloat16\", \"int8\"); write the "
+                                   f"other parts as their own fields")
+    try:
+        return Precision.parse(spec, where)
+    except PrecisionError as e:
+        msg = str(e)
+        if not msg.startswith(where):
+            msg = f"{where}: {msg.removeprefix('precision: ')}"
+        raise NameMapError(msg) from None
+
+
 def from_dict(data: dict, source: str = "<dict>") -> NameMap:
     if not isinstance(data, dict) or not isinstance(data.get("map"), dict):
         raise NameMapError(f"{source}: a name map needs a [map] table")
@@ -175,11 +199,7 @@ def from_dict(data: dict, source: str = "<dict>") -> NameMap:
     nm.prefix = _str(head, "prefix", f"{source}: [map]", "")
     nm.tokens = _str(head, "tokens", f"{source}: [map]", "tokens")
     if "precision" in head:
-        from ladder.model.precision import Precision, PrecisionError
-        try:
-            nm.precision = Precision.parse(head["precision"], f"{source}: [map] precision")
-        except PrecisionError as e:
-            raise NameMapError(str(e)) from None
+        nm.precision = _precision(head["precision"], f"{source}: [map] precision")
     row = head.get("batch_row", -1)
     if isinstance(row, bool) or not isinstance(row, int) or not -1 <= row < 1 << 16:
         raise NameMapError(f"{source}: [map] batch_row={row!r} must be an integer in -1..65535")

@@ -15,7 +15,8 @@ The layout needle-rs's `tools/gen_v2_forward_parity.py` writes and its
 
 Reading maps their names onto the registry through ladder/formats/maps/needle-rs.toml; the points they
 do not record are "not compared" with the map's reason. Every declared offset and shape is
-checked against the file before a value is read.
+checked against the file before a value is read, and every count against what a run can use
+(ladder/engine/archive.py's MAX_POSITIONS and MAX_CELLS) before the values file is opened.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from bounded.size import DEFAULT_MAX_MEMORY
+from ladder.engine.archive import MAX_CELLS, MAX_POSITIONS
 from ladder.model.geometry import GeometryError, geometry_of, parse_geometry
 from ladder.model.names import layer_of
 from ladder.engine.trace import Ladder, schedule
@@ -72,6 +74,27 @@ def _ids(v, what, where, vocab) -> list:
     return [_int(t, 0, vocab - 1, f"{what}[{i}]", where) for i, t in enumerate(v)]
 
 
+def _check_counts(m: dict, registry: list, js: str) -> None:
+    """What the manifest declares, held to what a run can use before anything is read or
+    built: a step is at least one position (MAX_POSITIONS), and each costs an entry per
+    registry point (a value, or the map's reason it is absent: MAX_CELLS)."""
+    n = len(m["steps"])
+    if n > MAX_POSITIONS:
+        raise NeedleRsError(f"{js}: field steps lists {n} steps; limit {MAX_POSITIONS} "
+                            f"positions (MAX_POSITIONS)")
+    if n * len(registry) > MAX_CELLS:
+        raise NeedleRsError(f"{js}: field steps lists {n} steps x {len(registry)} registry "
+                            f"points = {n * len(registry)} (step, point) cells; limit "
+                            f"{MAX_CELLS} (MAX_CELLS: at most {MAX_CELLS // len(registry)} "
+                            f"steps of this geometry)")
+    if m.get("max_len") is not None:
+        _int(m["max_len"], 0, MAX_POSITIONS, "max_len", js)
+    for key in ("generated_ids", "prompt_ids"):
+        if isinstance(m.get(key), list) and len(m[key]) > MAX_POSITIONS:
+            raise NeedleRsError(f"{js}: field {key} holds {len(m[key])} ids; limit "
+                                f"{MAX_POSITIONS} (MAX_POSITIONS)")
+
+
 def read(stem, max_memory: int | None = None, name_map=None) -> Ladder:
     """The fixture as a last-position Ladder on the registry's names and our step names
     (`decode00`, ...); `ladder.meta` holds its manifest fields (not the blob index)."""
@@ -102,6 +125,8 @@ def read(stem, max_memory: int | None = None, name_map=None) -> Ladder:
     except GeometryError as e:
         raise NeedleRsError(str(e)) from None
     _int(m["kv_window"], 0, 1 << 30, "kv_window", js)
+    registry = [n for n, _ in expected(geo)]
+    _check_counts(m, registry, js)
     budget = DEFAULT_MAX_MEMORY if max_memory is None else max_memory
     f, size = open_regular(fp, budget, NeedleRsError, "needle-rs values")
     if size % 4:
@@ -138,7 +163,7 @@ def read(stem, max_memory: int | None = None, name_map=None) -> Ladder:
     steps_in = m["steps"]
     if not steps_in:
         raise NeedleRsError(f"{js}: field steps is empty")
-    tokens, plan = [], []
+    tokens, plan, n_blobs = [], [], 0
     for i, s in enumerate(steps_in):
         at = f"{js}: steps[{i}]"
         if not isinstance(s, dict) or not isinstance(s.get("name"), str) \
@@ -150,6 +175,17 @@ def read(stem, max_memory: int | None = None, name_map=None) -> Ladder:
             raise NeedleRsError(f"{at}: field name={s['name'][:40]!r}; expected the "
                                 f"{'prefill' if i == 0 else f'decode step {i - 1}'} here")
         _int(s.get("pos"), len(tokens), len(tokens), "pos", at)
+        if len(s["tokens"]) > MAX_POSITIONS - len(tokens):
+            raise NeedleRsError(f"{at}: field tokens holds {len(s['tokens'])} ids, past "
+                                f"{MAX_POSITIONS} positions in all (MAX_POSITIONS)")
+        if not s["blobs"]:
+            # a step its writer skipped: a broken file, not a port whose every point diverges
+            raise NeedleRsError(f"{at}: field blobs of step {s['name'][:40]!r} is empty: the "
+                                f"step records none of its points")
+        n_blobs += len(s["blobs"])
+        if n_blobs > MAX_CELLS:               # each blob named costs a view and a reshape
+            raise NeedleRsError(f"{at}: field blobs brings the steps' blobs to {n_blobs}; "
+                                f"limit {MAX_CELLS} (MAX_CELLS)")
         toks = _ids(s["tokens"], "tokens", at, geo.vocab_size)
         if not toks or (i and len(toks) != 1):
             raise NeedleRsError(f"{at}: field tokens holds {len(toks)} ids; the prefill needs "
@@ -161,7 +197,8 @@ def read(stem, max_memory: int | None = None, name_map=None) -> Ladder:
     if prompt_ids != list(steps[0].tokens):
         raise NeedleRsError(f"{js}: field prompt_ids differs from steps[0].tokens")
     values, hidden = {}, {}
-    registry = [n for n, _ in expected(geo)]
+    # the map's reason per point, once: it does not depend on the step
+    why_not = {p: nm.why_not_emitted(p, geo.num_layers) for p in registry}
     for st, s in zip(steps, plan):
         got = {}
         for theirs, key in s["blobs"].items():
@@ -177,10 +214,8 @@ def read(stem, max_memory: int | None = None, name_map=None) -> Ladder:
         for point in registry:
             if point in got:
                 values[f"{st.name}/{point}"] = got.pop(point)
-            else:
-                why = nm.why_not_emitted(point, geo.num_layers)
-                if why is not None:
-                    hidden[f"{st.name}/{point}"] = why
+            elif why_not[point] is not None:
+                hidden[f"{st.name}/{point}"] = why_not[point]
         for point, v in got.items():            # outside the registry: kept, reported there
             values[f"{st.name}/{point}"] = v
     meta = {k: m.get(k) for k in ("source", "prompt", "prompt_ids", "generated_ids",

@@ -105,10 +105,12 @@ def check_ladder(ladder, cfg, keep=None) -> None:
         if got != names:
             extra = [p for p in got if p not in names]
             missing = [p for p in names if p not in got]
+            # name only what is wrong; a long list is cut, with its count, not silently
+            said = [f"{label} {xs[:5]}" + (f" and {len(xs) - 5} more" if len(xs) > 5 else "")
+                    for label, xs in (("not in it", extra), ("missing", missing)) if xs]
             raise TraceError(f"{ladder.label or 'ladder'} step {st.name}: points differ from "
-                             f"the registry (ladder/model/points.py): not in it {extra[:5]}, "
-                             f"missing {missing[:5]}" + ("" if extra or missing else
-                                                         ", or out of forward order"))
+                             f"the registry (ladder/model/points.py): "
+                             + (", ".join(said) or "the same names, out of forward order"))
         S = len(st.tokens)
         for name, shape in want:
             v = ladder[f"{st.name}/{name}"]

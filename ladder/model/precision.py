@@ -113,3 +113,28 @@ class Precision:
 
 
 FLOAT32 = Precision()
+
+
+def weights_contradiction(spec, prec: "Precision", form: str, weights_flag: str):
+    """Why a declaration `spec` (parsed: `prec`) contradicts a run whose weights are `form`
+    ("dense" or "cq", set by `weights_flag`), or None. The CLI and the plugin say it alike."""
+    if prec.weights == "cq" and form != "cq":
+        return (f"weights=cq declares CQ codes, and this run's weights are {form} (give "
+                f"{weights_flag} cq, or drop weights=cq)")
+    if form == "cq" and prec.weights != "cq" and names_weights(spec):
+        return (f"weights={prec.weights} contradicts {weights_flag} cq (a CQ model's weights "
+                f"are its codes); drop weights= or give {weights_flag} dense")
+    return None
+
+
+def names_weights(spec) -> bool:
+    """Does the declaration name its weights (weights=..., a dict's weights key), rather than
+    take them from the activations? A CQ model's weights are its codes whatever an implicit
+    part says; only a named one can contradict them."""
+    if isinstance(spec, Precision):
+        return True
+    if isinstance(spec, dict):
+        return "weights" in spec
+    return any(eq and key.strip() in ("weights", "weight")
+               for key, eq, _ in (item.partition("=") for item in str(spec).split(",")))
+

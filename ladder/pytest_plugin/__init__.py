@@ -43,6 +43,8 @@ import re
 
 import pytest
 
+from ladder.pytest_plugin.options import opt as _opt, run_precision, seed
+
 SCHEDULE_KEYS = {
     "tokens": "token ids (a non-empty list of ints); default: seeded ids of prompt_len + steps",
     "prompt_len": "prompt positions fed as the prefill (int >= 1, default 6)",
@@ -81,7 +83,7 @@ def pytest_addoption(parser):
                      "runs at it, and every check is judged against a noise floor "
                      "(docs/precision.md)")
     g.addoption("--ladder-preset", default="tiny", choices=["tiny", "shipped"])
-    g.addoption("--ladder-seed", type=int, default=0, help="parameter init and token seed")
+    g.addoption("--ladder-seed", type=seed, default=0, help="parameter init and token seed")
     g.addoption("--ladder-params", metavar="FILE", default=None, help="safetensors parameters")
     g.addoption("--ladder-cact", metavar="FILE", default=None, help="a .cact checkpoint")
     g.addoption("--ladder-rules", metavar="FILE", default=None,
@@ -98,57 +100,18 @@ def pytest_addoption(parser):
                 help="rewrite every golden fixture used (those tests pass)")
     parser.addini("ladder_port", "default --ladder-port (MODULE:FACTORY)", default=None)
     parser.addini("ladder_rules", "default --ladder-rules (a rules file)", default=None)
+    parser.addini("ladder_params", "default --ladder-params (read beside the ini file when "
+                                   "relative)", default=None)
+    parser.addini("ladder_cact", "default --ladder-cact (read beside the ini file when "
+                                 "relative)", default=None)
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "ladder(**schedule): needle-parity schedule and rules "
                                        "for ladder_check / ladder_fixture; keys: "
                                        + ", ".join(SCHEDULE_KEYS))
-    port, dump, plant = (config.getoption(f"--ladder-{n}") for n in ("port", "dump", "plant"))
-    for name, v in (("port", port), ("dump", dump), ("plant", plant)):
-        if isinstance(v, str) and not v.strip():     # '' would read as "not given"
-            raise pytest.UsageError(f"--ladder-{name} {v!r}: empty; give a value or drop it")
-    if port and dump:
-        raise pytest.UsageError("--ladder-port and --ladder-dump: give one of them")
-    if config.getoption("--ladder-regen") and config.getoption("--ladder-regen-all"):
-        raise pytest.UsageError("--ladder-regen and --ladder-regen-all: give one of them "
-                                "(-all rewrites every golden fixture, the other only failing)")
-    if plant:
-        other = dump or port or config.getini("ladder_port")
-        if other:
-            raise pytest.UsageError(f"--ladder-plant {plant} plants a bug in our port "
-                                    f"(port.V2Model); the port under test is {other}")
-        from ladder.sides.faults import FAULTS
-        from ladder.sides.path_faults import PATH_FAULTS
-        if plant not in FAULTS and plant not in PATH_FAULTS:
-            raise pytest.UsageError(f"--ladder-plant {plant}: unknown; known: "
-                                    f"{', '.join(sorted(FAULTS) + sorted(PATH_FAULTS))}")
-    if _opt(config, "port") and not hasattr(config, "workerinput"):
-        _check_port_spec(config, _opt(config, "port"))
-
-
-def _check_port_spec(config, spec: str) -> None:
-    """A typo in --ladder-port (module or factory) is a usage error before any test runs, not a
-    traceback in every test. The module may sit beside the tests, which pytest puts on sys.path
-    only as it collects them, so it is looked for there as well as on sys.path."""
-    import sys
-    from ladder.sides.ports import PortLoadError, load_factory
-    root = os.path.abspath(str(config.rootpath))
-    extra = [root, os.path.abspath(str(config.invocation_params.dir))]
-    for a in config.args:
-        d = os.path.abspath(a.split("::", 1)[0])
-        d = d if os.path.isdir(d) else os.path.dirname(d)
-        while d.startswith(root) and d not in extra:
-            extra.append(d)
-            d = os.path.dirname(d)
-    saved = list(sys.path)
-    sys.path[:0] = [d for d in extra if d not in sys.path]
-    try:
-        load_factory(spec)
-    except PortLoadError as e:
-        raise pytest.UsageError(str(e).replace("--port", "--ladder-port", 1)) from None
-    finally:
-        sys.path[:] = saved
+    from ladder.pytest_plugin.options import check_options
+    check_options(config)       # every --ladder-* value, before any test runs (options.py)
 
 
 _LOWEST = {"prompt_len": 1, "steps": 0, "window": 0}
@@ -206,17 +169,6 @@ class Recording(str):
         return str(self)
 
 
-def _opt(config, name):
-    """A --ladder-* value; the ini keys stand in for --ladder-port and --ladder-rules (a
-    relative rules path in the ini file is read beside it, as pytest reads ini paths)."""
-    v = config.getoption(f"--ladder-{name}")
-    if v is None and name in ("port", "rules"):
-        v = config.getini(f"ladder_{name}") or None
-        if v and name == "rules" and not os.path.isabs(v) and config.inipath is not None:
-            v = os.path.join(os.path.dirname(str(config.inipath)), v)
-    return v
-
-
 class _Models:
     """ModelUnderTest per spec, built on first use and kept for the session."""
 
@@ -258,25 +210,28 @@ def ladder_port(pytestconfig, ladder_reference):
         return
     if _opt(c, "port"):
         from ladder.sides.ports import PortLoadError, build_port
+        why = None
         try:
             # the weights the reference runs on (dequantised, for --ladder-weights cq)
             port = build_port(_opt(c, "port"), ladder_reference.ref_params,
                               ladder_reference.cfg)
-        except PortLoadError as e:
-            raise pytest.UsageError(str(e).replace("--port", "--ladder-port", 1)) from None
+        except PortLoadError as e:       # the factory ran, and raised: this test fails
+            why = str(e).replace("--port", "--ladder-port", 1)
+        if why is not None:
+            pytest.fail(why, pytrace=False)
         yield port
         return
     fault = _opt(c, "plant")
     if fault is None:
         yield ladder_reference.our_port(_opt(c, "backend"), _opt(c, "decode"), _opt(c, "device"),
-                                        precision=_opt(c, "precision"))
+                                        precision=run_precision(c))
         return
     from ladder.sides.faults import planted                  # the name was checked in pytest_configure
     from ladder.sides.path_faults import PATH_FAULTS
     path = PATH_FAULTS.get(fault)                # a bug in one plain path (the check finds it)
     with path.plant() if path is not None else planted(fault, _opt(c, "backend")):
         yield ladder_reference.our_port(_opt(c, "backend"), _opt(c, "decode"),
-                                        _opt(c, "device"), precision=_opt(c, "precision"))
+                                        _opt(c, "device"), precision=run_precision(c))
 
 
 def _out_dir(request, name: str) -> str:
@@ -379,6 +334,8 @@ def ladder_fixture(request, ladder_reference):
     def check(name, port=None, model=None, **kw):
         path = fixture_path(request, name)
         port, merged = _args(request, port, kw, "ladder_fixture")
+        if _opt(request.config, "precision"):
+            merged.setdefault("precision", _opt(request.config, "precision"))
         regen = ("all" if request.config.getoption("--ladder-regen-all") else
                  "failing" if request.config.getoption("--ladder-regen") else None)
         outcome = check_golden(port, model or ladder_reference, path, regen, merged)

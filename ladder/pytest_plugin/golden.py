@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ladder.sides.judge import capture, save_trace, verdict_of
+from ladder.sides.judge import JudgeError, capture, save_trace, verdict_of
 
 
 @dataclass
@@ -61,8 +61,9 @@ class GoldenOutcome:
         return "\n".join(lines)
 
 
-def disagreement(stored, cap, model) -> str:
-    """Why `stored` is not a recording of this check ("" when it is)."""
+def disagreement(stored, cap, model, run_precision) -> str:
+    """Why `stored` is not a recording of this check ("" when it is); `run_precision`: the
+    Precision the run computes at."""
     from ladder.model.geometry import geometry_mismatch, geometry_of
     meta = stored.meta
     bad = geometry_mismatch(meta.get("geometry") or {}, geometry_of(model.cfg))
@@ -84,6 +85,25 @@ def disagreement(stored, cap, model) -> str:
         return "holds another step schedule (prompt length)"
     if meta.get("kv_window") is not None and meta["kv_window"] != cap.window:
         return f"was recorded at window {meta['kv_window']}, this run's is {cap.window}"
+    stored_prec = meta.get("precision")
+    if stored_prec is not None and stored_prec != run_precision:
+        # judged at the run's precision against a file declaring another, a float16 golden
+        # would pass a bfloat16 run on the wider floor: the declaration must match
+        return (f"was recorded at {stored_prec.short()} (producer.precision "
+                f"{stored_prec.text()!r}), this run computes at {run_precision.short()} "
+                f"({run_precision.text()!r})")
+    return _unreadable_logits(stored)
+
+
+def _unreadable_logits(stored) -> str:
+    """A stored step's logits holding NaN/Inf cannot be the argmax its manifest records:
+    the file is damaged, not a port's recording ("" when every step's logits are finite)."""
+    import torch
+    for st in stored.steps:
+        key = f"{st.name}/logits"
+        if "logits" in stored.points(st.name) and not bool(torch.isfinite(stored[key]).all()):
+            return (f"cannot be read ({key} holds NaN or Inf: stored logits are finite "
+                    f"numbers, the argmax its manifest records)")
     return ""
 
 
@@ -93,7 +113,9 @@ def check_golden(port, model, path: str, regen: str | None, schedule: dict) -> G
         raise ValueError(f"regen={regen!r}; one of None, 'failing', 'all'")
     from ladder.engine.archive import ArchiveError
     from ladder.engine.trace import Ladder
+    from ladder.model.precision import Precision
     rules, locate = schedule.pop("rules", None), schedule.pop("locate", True)
+    declared = schedule.pop("precision", None)
     if os.path.lexists(path) and (os.path.islink(path) or not os.path.isfile(path)):
         # never replaced: something a person put there, not a file this plugin wrote
         kind = "a symbolic link" if os.path.islink(path) else \
@@ -101,25 +123,33 @@ def check_golden(port, model, path: str, regen: str | None, schedule: dict) -> G
         return GoldenOutcome(path, True, "compared", f"is {kind}; golden fixtures are regular "
                                                      f"files (remove it to have one written)")
     cap = capture(port, model, **schedule)
+    # what the run computes at: --ladder-precision, else what the port declares
+    prec = Precision.parse(declared if declared is not None else
+                           cap.precision if cap.precision is not None else "float32")
     if not os.path.isfile(path):
-        save_trace(cap, model, path)
+        save_trace(cap, model, path, prec)
         return GoldenOutcome(path, regen != "all", "created", "no stored fixture")
     try:
         stored = Ladder.load(path)
-        why = disagreement(stored, cap, model)
+        why = disagreement(stored, cap, model, prec)
     except (ArchiveError, OSError) as e:
         stored, why = None, f"cannot be read ({e})"
     verdict = stand_in = None
     if not why:
-        verdict = verdict_of(cap, model, rules, locate, yardstick=stored,
-                             yardstick_label=f"fixture {os.path.basename(path)}")
+        try:
+            verdict = verdict_of(cap, model, rules, locate, yardstick=stored,
+                                 yardstick_label=f"fixture {os.path.basename(path)}",
+                                 precision=prec)
+        except JudgeError as e:          # the file contradicts itself (its argmax, ...)
+            verdict, why = None, f"cannot be read ({e})"
+    if verdict is not None:
         if verdict.passed and regen != "all":
             return GoldenOutcome(path, False, "compared", "", verdict)
         if not verdict.passed:
             stand_in = _against_reference(stored, cap, model, verdict.cmp.rules, path)
     if regen is None:
         return GoldenOutcome(path, True, "compared", why, verdict, stand_in)
-    save_trace(cap, model, path)
+    save_trace(cap, model, path, prec)
     reason = why or ("requested (--ladder-regen-all)" if verdict.passed else
                      f"{len(verdict.cmp.failures)} points failed")
     return GoldenOutcome(path, regen == "failing", "rewritten", reason, verdict, stand_in)

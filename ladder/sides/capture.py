@@ -124,8 +124,9 @@ def note_hidden(ladder: Ladder, st, cfg, hideable: dict, keep=None,
     got = set(ladder.points(st.name))
     for name, _ in expected(cfg):
         base = name.split(".", 1)[1] if "." in name else name
-        if name not in got and base in hideable and (keep is None or keep(name)):
-            ladder.hidden[f"{st.name}/{name}"] = f"{prefix}{hideable[base]}"
+        why = hideable.get(name, hideable.get(base))     # a full name, else the per-layer one
+        if name not in got and why is not None and (keep is None or keep(name)):
+            ladder.hidden[f"{st.name}/{name}"] = f"{prefix}{why}"
 
 
 class PathError(TraceError):

@@ -320,12 +320,19 @@ def verdict_of(cap: Captured, model: ModelUnderTest, rules=None, locate=True,
                    cap.window)
 
 
-def save_trace(cap_or_verdict, model: ModelUnderTest, path) -> str:
-    """A capture's ladder written as a trace archive (ladder/engine/archive.py) with its manifest."""
+def save_trace(cap_or_verdict, model: ModelUnderTest, path, precision=None) -> str:
+    """A capture's ladder written as a trace archive (ladder/engine/archive.py) with its
+    manifest; `precision` (default: what the capture declares, else float32) is recorded as
+    the producer's, so a reader judges the file at what it was computed in."""
     from ladder.model.geometry import geometry_of
+    from ladder.model.precision import Precision
     c = cap_or_verdict
+    declared = getattr(c, "precision", None) or getattr(getattr(c, "cmp", None), "precision",
+                                                        None)    # a Captured, or a Verdict
+    prec = Precision.parse(precision if precision is not None else declared or "float32")
     return c.obtained.save(
-        path, producer={"name": "needle-parity check", "backend": c.label, "dtype": "float32"},
+        path, producer={"name": "needle-parity check", "backend": c.label, "dtype": "float32",
+                        "precision": prec.text()},
         geometry=geometry_of(model.cfg), kv_window=c.window,
         weights={"source": model.src["source"],
                  "file": model.src.get("file", model.spec["preset"]),

@@ -10,7 +10,9 @@ The protocol (README "Bring your own port"), what `port.V2Model` also implements
         # whole-forward points, values that position's tensor (the registry's shape)
     optional:
     port.step(token, state, logits=None)   # the plain step: must give the same bits
-    port.hidden_points = {name: why}       # points the port cannot show (never a silent pass)
+    port.hidden_points = {name: why}       # points the port cannot show (never a silent pass):
+                                           # a per-layer name (h_in: every layer) or a full one
+                                           # (L00.h_in: that layer); whole-forward names as-is
 
 A port need not implement injection (`step_layer`): `locate` then re-runs the *reference's*
 layer from the port's own recorded inputs (ladder/sides/dump_locate.py), as it does for a dump.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import signal
 import threading
 
@@ -51,6 +54,15 @@ def load_factory(spec: str):
         obj = getattr(obj, part)
     if not callable(obj):
         raise PortLoadError(f"--port {spec}: {attr!r} is not callable")
+    try:                    # a callable that cannot take (params, cfg) is no factory
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):     # some builtins do not say: found out when called
+        return obj
+    try:
+        sig.bind(None, None)
+    except TypeError:
+        raise PortLoadError(f"--port {spec}: a factory is called as factory(params, cfg); "
+                            f"{attr!r} takes {sig}") from None
     return obj
 
 
@@ -98,6 +110,29 @@ def build_port(spec: str, params: dict, cfg, timeout=None):
     return port
 
 
+def hidden_points(port, cfg, label: str = "port") -> dict:
+    """The port's `hidden_points` as {per-layer or full registry name: why}; a key that is
+    neither (a typo, another model's point) is refused naming it and the spellings allowed."""
+    from ladder.model.points import expected
+    given = getattr(port, "hidden_points", None) or {}
+    if not isinstance(given, dict):
+        raise PortLoadError(f"{label}: hidden_points is a {type(given).__name__}; give a dict "
+                            f"{{point name: why it cannot be traced}}")
+    full = [n for n, _ in expected(cfg)]
+    known = set(full) | {n.split(".", 1)[1] for n in full if "." in n}
+    for name, why in given.items():
+        if not isinstance(name, str) or name not in known:
+            bare = sorted({n.split(".", 1)[1] for n in full if "." in n})
+            raise PortLoadError(f"{label}: hidden_points key {name!r} is not a registry point "
+                                f"of this model; give a per-layer name ({', '.join(bare[:6])}, "
+                                f"...: every layer), a full name (L00.h_in: one layer) or a "
+                                f"whole-forward one (`python -m ladder points` lists them)")
+        if not isinstance(why, str):
+            raise PortLoadError(f"{label}: hidden_points[{name!r}] is a {type(why).__name__}; "
+                                f"give why the point cannot be traced, as a string")
+    return dict(given)
+
+
 def capture_protocol(port, cfg, tokens, prompt_len: int, *, check_plain: bool = False,
                      progress=None, label: str = "port", timeout=None) -> Ladder:
     """Every position through `step_traced`, recorded as a Ladder checked against the
@@ -109,7 +144,7 @@ def capture_protocol(port, cfg, tokens, prompt_len: int, *, check_plain: bool = 
     state = guarded_call(f"{label}: make_state()", port.make_state, timeout=timeout)
     plain = guarded_call(f"{label}: make_state()", port.make_state, timeout=timeout) \
         if check_plain and callable(getattr(port, "step", None)) else None
-    hideable = dict(getattr(port, "hidden_points", {}) or {})
+    hideable = hidden_points(port, cfg, label)
     for st in steps:
         rec = PortRecorder(ladder, st)
         for tok in st.tokens:
@@ -128,7 +163,11 @@ def capture_protocol(port, cfg, tokens, prompt_len: int, *, check_plain: bool = 
         rec.finish()
         if hideable:
             note_hidden(ladder, st, cfg, hideable, prefix="")
-    check_ladder(ladder, cfg)
+    try:
+        check_ladder(ladder, cfg)
+    except TraceError as e:     # the port's trace breaks the protocol: its mistake, not a divergence
+        raise PortLoadError(f"{e}; a port traces every registry point (`python -m ladder "
+                            f"points`) or names it in hidden_points") from None
     declared = getattr(port, "precision", None)     # the protocol's optional attribute
     if declared is not None:
         from ladder.model.precision import Precision, PrecisionError

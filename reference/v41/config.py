@@ -147,7 +147,17 @@ class V41Args:
                  f"{name}={v!r} must be an integer >= 1")
         m = self.n_mtp_layers
         need(isinstance(m, int) and not isinstance(m, bool) and m >= 0,
-             f"n_mtp_layers={m!r} must be an integer >= 0")
+             f"n_mtp_layers={short_repr(m)} must be an integer >= 0")
+        # every layer, backbone or MTP, is one compress_ratios entry, and that list holds at
+        # most MAX_LIST: a count past it names layers no config can describe, and the loops
+        # over the layers and MTP stages (weights checked, stages built) would run that long
+        need(self.n_layers <= MAX_LIST,
+             f"n_layers={short_repr(self.n_layers)} outside 1..{MAX_LIST}: one compress_ratios "
+             f"entry per layer, and that list holds at most {MAX_LIST}")
+        need(self.n_layers + m <= MAX_LIST,
+             f"n_mtp_layers={m} outside 0..{max(0, MAX_LIST - self.n_layers)}: n_layers + "
+             f"n_mtp_layers = {self.n_layers + m} exceeds {MAX_LIST}, the most layers "
+             f"compress_ratios can describe")
         # types and ranges of the rest (and upper bounds): the checks below and every table
         # size may then rely on them
         for name, lo in _INT_FIELDS.items():

@@ -98,3 +98,16 @@ def test_an_empty_plant_port_or_dump_is_refused(tmp_path, capsys, monkeypatch, a
     monkeypatch.chdir(tmp_path)
     flag = next(a for a in argv if a in ("--plant", "--port", "--dump"))
     _refused(argv, capsys, tmp_path, f"{flag} '{argv[argv.index(flag) + 1]}': empty")
+
+
+@pytest.mark.parametrize("argv", [
+    ["report", "--out", "{tmp}/" + "o" * 300 + "/r.html"],
+    ["sweep", "grid.toml", "--out", "{tmp}/" + "o" * 300],
+    ["shrink", "--out", "{tmp}/" + "o" * 300],
+])
+def test_an_out_name_too_long_for_the_file_system_is_refused_before_any_work(tmp_path, capsys,
+                                                                             argv):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    _one_line_exit_2(ladder_main(argv), capsys, "a name of 300 bytes; this file system takes "
+                     "at most")
+    assert os.listdir(tmp_path) == []

@@ -107,3 +107,102 @@ def test_fixture_token_ids_at_the_vocabulary_edge(tmp_path):
         fixtures.load(_fixture_copy(tmp_path, tok(v)))
     with pytest.raises(fixtures.FixtureError, match="id -1 outside"):
         fixtures.load(_fixture_copy(tmp_path, tok(-1)))
+
+
+# ---------------------------------------------------------------- needle-rs's counts
+def _needle_rs(tmp_path, edit):
+    """needle-rs's fixture as regen writes it (prompt 2 + 1 step), `edit(manifest)` applied."""
+    from ladder.cli.main import main as ladder_main
+    stem = tmp_path / "nrs"
+    assert ladder_main(["regen", "--format", "needle-rs", "--out", str(stem), "--prompt-len",
+                        "2", "--steps", "1"]) == 0
+    m = json.loads((tmp_path / "nrs.json").read_text())
+    edit(m)
+    (tmp_path / "nrs.json").write_text(json.dumps(m))
+    return str(stem)
+
+
+def _decode_steps(n, blobs=None):
+    def edit(m):
+        b = m["steps"][1]["blobs"] if blobs is None else blobs
+        m["steps"] += [{"name": f"decode{i}", "pos": 2 + i, "tokens": [3], "blobs": b}
+                       for i in range(1, n)]
+    return edit
+
+
+def _no_work(monkeypatch):
+    """Make reading the values file or building a step's entries fail loudly: a refusal that
+    comes after either came after the work it should have prevented."""
+    import bounded.io
+    from ladder.formats.namemap import NameMap
+
+    real = bounded.io.open_regular
+
+    def opened(path, *a, **k):
+        if os.fspath(path).endswith(".f32"):
+            raise AssertionError("the values file was opened before the refusal")
+        return real(path, *a, **k)
+
+    def built(*a, **k):
+        raise AssertionError("step entries were built before the refusal")
+    monkeypatch.setattr(bounded.io, "open_regular", opened)
+    monkeypatch.setattr(NameMap, "why_not_emitted", built)
+
+
+def test_a_needle_rs_fixture_of_170000_blobless_steps_is_refused_up_front(tmp_path, capsys,
+                                                                           monkeypatch):
+    # was: read for minutes (170,000 steps x the registry's points, each matched by fnmatch)
+    from ladder.formats import needle_rs
+    from ladder.engine.archive import MAX_CELLS
+    stem = _needle_rs(tmp_path, _decode_steps(170000, blobs={}))
+    capsys.readouterr()
+    _no_work(monkeypatch)
+    with pytest.raises(needle_rs.NeedleRsError, match=f"field steps lists 170001 steps x 130 "
+                                                      f"registry points = 22100130 .step, "
+                                                      f"point. cells; limit {MAX_CELLS}"):
+        needle_rs.read(stem)
+    from ladder.cli.main import main as ladder_main
+    assert ladder_main(["compare", stem]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "field steps lists 170001 steps" in err, err
+
+
+def test_a_needle_rs_fixture_at_the_cell_limit_is_read(tmp_path, monkeypatch):
+    from ladder.formats import needle_rs
+    from ladder.engine import archive
+    monkeypatch.setattr(needle_rs, "MAX_CELLS", 130 * 5)     # 5 steps of this geometry
+    lad = needle_rs.read(_needle_rs(tmp_path, _decode_steps(4)))
+    assert len(lad.steps) == 5 and archive.MAX_CELLS > 130 * 5
+    monkeypatch.setattr(needle_rs, "MAX_CELLS", 130 * 5 - 1)
+    with pytest.raises(needle_rs.NeedleRsError, match="at most 4 steps of this geometry"):
+        needle_rs.read(_needle_rs(tmp_path, _decode_steps(4)))
+
+
+def test_a_needle_rs_step_with_no_blobs_is_refused_naming_it(tmp_path):
+    from ladder.formats import needle_rs
+    stem = _needle_rs(tmp_path, lambda m: m["steps"][1].update(blobs={}))
+    with pytest.raises(needle_rs.NeedleRsError, match=r"steps\[1\]: field blobs of step "
+                                                      r"'decode0' is empty"):
+        needle_rs.read(stem)
+
+
+@pytest.mark.parametrize("edit, msg", [
+    (lambda m: m.update(max_len=10 ** 60), r"field max_len=1000000000000000000000000000000"
+                                           r"000000000 must be an integer in 0\.\.1048576"),
+    (lambda m: m.update(max_len="4"), r"field max_len=4 must be an integer"),
+    (lambda m: m.update(generated_ids=[0] * (2 ** 20 + 1)),
+     r"field generated_ids holds 1048577 ids; limit 1048576"),
+])
+def test_needle_rs_declared_lengths_are_bounded(tmp_path, edit, msg):
+    from ladder.formats import needle_rs
+    with pytest.raises(needle_rs.NeedleRsError, match=msg):
+        needle_rs.read(_needle_rs(tmp_path, edit))
+
+
+def test_needle_rs_positions_past_the_limit_are_refused_before_the_ids(tmp_path, monkeypatch):
+    from ladder.formats import needle_rs
+    monkeypatch.setattr(needle_rs, "MAX_POSITIONS", 4)        # max_len: 4
+    assert len(needle_rs.read(_needle_rs(tmp_path, _decode_steps(2))).tokens) == 4
+    with pytest.raises(needle_rs.NeedleRsError, match=r"steps\[3\]: field tokens holds 1 ids, "
+                                                      r"past 4 positions in all"):
+        needle_rs.read(_needle_rs(tmp_path, _decode_steps(3)))

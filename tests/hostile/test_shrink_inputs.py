@@ -95,12 +95,17 @@ def _sweep_row(tmp_path, run):
     ("python -m ladder locate --steps 2", "is not a `python -m ladder run` command"),
     ("python -m ladder run --help", "sets --help"),
     ("python -m ladder run -h", "sets -h"),
+    ("python -m ladder run --h", "sets --help"),       # argparse's shortest prefix of --help
+    ("python -m ladder run -hx", "sets -h"),
+    ("python -m ladder run --ou=d", "sets --out"),
     ("python -m ladder run --point L00.q", "sets --point"),
     ("python -m ladder run --poi L00.q", "sets --point"),
     ("python -m ladder run --verdict own", "sets --verdict"),
     ("python -m ladder run --out=d", "sets --out"),
     ("python -m ladder run --from-sweep a b", "sets --from-sweep"),
     ("python -m ladder run --max-time 5", "sets --max-time"),
+    ("python -m ladder run --force", "sets --force"),
+    ("python -m ladder run --for", "sets --force"),
     ("python -m ladder run " + "--steps 2 " * 40, "holds 80 arguments"),
     ("python -m ladder run " + "--no-check-plain " * 100_000, "characters"),
 ])
@@ -111,3 +116,48 @@ def test_a_sweep_rows_run_command_is_checked_before_it_is_parsed(tmp_path, capsy
     assert rc == 2 and part in err and "result.json field run" in err, err
     assert err.count("\n") == 1, err
     assert time.perf_counter() - t0 < 5
+
+
+@pytest.mark.parametrize("flags,part", [
+    (["--plant", "rope_pos_plus_1"], "--plant 'rope_pos_plus_1' is a run flag"),
+    (["--steps", "9"], "--steps 9 is a run flag"),
+    (["--backend", "native"], "--backend 'native' is a run flag"),
+])
+def test_run_flags_beside_from_sweep_are_refused_not_dropped(tmp_path, capsys, flags, part):
+    d = _sweep_row(tmp_path, "python -m ladder run --steps 2 --no-check-plain")
+    rc, err = _exit(["shrink", "--from-sweep", d, "c0000", *flags], capsys)
+    assert rc == 2 and part in err and err.count("\n") == 1, err
+
+
+def test_shrinks_own_flags_beside_from_sweep_are_kept(tmp_path, capsys):
+    d = _sweep_row(tmp_path, "python -m ladder run --steps 2 --no-check-plain")
+    rc, err = _exit(["shrink", "--from-sweep", d, "c0000", "--max-time", "5", "--point",
+                     "L00.y"], capsys)
+    assert rc == 1, err                  # the clean case: no divergence, nothing to shrink
+
+
+def test_a_case_name_is_shown_quoted_on_one_line(tmp_path, capsys):
+    d = _sweep_row(tmp_path, "python -m ladder run --steps 2")
+    rc, err = _exit(["shrink", "--from-sweep", d, "c00\n01"], capsys)
+    assert rc == 2 and "'c00\\n01'" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("point", ["L03.qq", "L99.q", "prefill_batch:nothing", "q"])
+def test_a_point_of_no_registry_is_refused_before_the_search(capsys, point):
+    rc, err = _exit(["shrink", "--plant", "rope_pos_plus_1", "--no-check-plain", "--point",
+                     point], capsys)
+    assert rc == 2 and "not a point of this model" in err and "candidates" not in err, err
+
+
+def test_forced_out_over_a_directory_named_like_its_file_is_refused_first(tmp_path, capsys):
+    (tmp_path / "o" / "pytest.ini").mkdir(parents=True)
+    rc, err = _exit(["shrink", "--plant", "rope_pos_plus_1", "--no-check-plain", "--out",
+                     str(tmp_path / "o"), "--force"], capsys)
+    assert rc == 2 and "pytest.ini there is not a regular file" in err, err
+    assert "candidates" not in err
+
+
+def test_a_window_that_cannot_reach_a_protocol_port_is_refused(capsys):
+    rc, err = _exit(["shrink", "--port", "tests.ports.toy_port:build_buggy", "--window", "4"],
+                    capsys)
+    assert rc == 2 and "--window cannot reach it" in err, err

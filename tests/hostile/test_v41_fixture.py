@@ -113,3 +113,39 @@ def _refused(argv, capsys, tmp_path, match):
 def test_v41_fields_out_of_range_are_config_errors(tmp_path, capsys, field, value, match):
     stem = _v41_stem_with(tmp_path, **{field: value})
     _refused(["run", "--model", "attn_v41", "--fixture", stem], capsys, tmp_path, match)
+
+
+# ---------------------------------------------------------------- counts that size loops
+def test_n_mtp_layers_past_the_layer_cap_is_refused_before_any_loop(tmp_path, capsys,
+                                                                     monkeypatch):
+    # was: accepted, then one loop turn per MTP stage (weights checked, stages built) for a
+    # billion stages: `run` still going after 200 s
+    import ladder.v41.sides as v41_sides
+    import reference.v41.config as v41_config
+    from reference.v41.config import MAX_LIST, V41Args, V41ConfigError
+    stem = _v41_stem_with(tmp_path, n_mtp_layers=10 ** 9)
+    # the refusal is the args' own check: no MTP stage is ever visited
+    for mod in (v41_config, v41_sides):
+        monkeypatch.setattr(mod, "mtp_weight_names", lambda k: pytest.fail("MTP stage visited"))
+    err = _refused(["run", "--model", "attn_v41", "--fixture", stem], capsys, tmp_path,
+                   f"n_mtp_layers=1000000000 outside 0..{MAX_LIST - 8}: n_layers + "
+                   f"n_mtp_layers = 1000000008 exceeds {MAX_LIST}")
+    assert "v41.json: model_args" in err
+    ma = json.load(open(V41_STEM + ".json"))["model_args"]
+    with pytest.raises(V41ConfigError, match=f"n_mtp_layers={MAX_LIST - 7} outside"):
+        V41Args.from_any(dict(ma, n_mtp_layers=MAX_LIST - 7))
+    assert V41Args.from_any(dict(ma, n_mtp_layers=MAX_LIST - 8)).n_mtp_layers == MAX_LIST - 8
+
+
+def test_n_mtp_layers_at_the_cap_loads(tmp_path):
+    from reference.v41.config import MAX_LIST
+    man = load_fixture(_v41_stem_with(tmp_path, n_mtp_layers=MAX_LIST - 8))[0]
+    assert man["model_args"]["n_mtp_layers"] == MAX_LIST - 8
+
+
+def test_n_layers_past_the_layer_cap_is_named_itself(tmp_path, capsys):
+    # a huge n_layers is its own field's fault, not the MTP count's
+    from reference.v41.config import MAX_LIST
+    stem = _v41_stem_with(tmp_path, n_layers=10 ** 9)
+    _refused(["run", "--model", "attn_v41", "--fixture", stem], capsys, tmp_path,
+             f"n_layers=1000000000 outside 1..{MAX_LIST}")

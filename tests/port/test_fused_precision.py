@@ -330,8 +330,10 @@ def test_the_cli_refuses_exactly_what_the_port_refuses(spec):
             except PrecisionError:
                 port_ok = False
             try:
+                # the weights flag agrees with the spec: only the backend rule is at stake
                 _port_precision(Namespace(port_precision=spec, model="needle_v2", cmd="run",
-                                          backend=backend, decode=decode))
+                                          backend=backend, decode=decode,
+                                          weights="cq" if prec.weights == "cq" else None))
                 cli_ok = True
             except LadderInputError:
                 cli_ok = False

@@ -6,8 +6,10 @@ comparison `run` does on the same ladders.
 
 Writes (or reuses, in --dir) two archives of the same schedule: the torch port's dump and the
 reference's (`python -m ladder dump`). Then, each in its own child process so one cannot warm
-the other's memory: "memory" loads both ladders whole and times compare_ladders (what `run`
-spends comparing); "stream" opens both lazily (ladder/engine/archive.py LazyValues: one step of each
+the other's memory: "memory" loads both ladders whole and times compare_ladders folded (what
+`run` spends comparing), "memory-all" the same keeping every row (`run --per-step`, `locate`,
+`report`); "run" runs `python -m ladder run` on the schedule and reads the comparison time
+its timing line prints; "stream" opens both lazily (ladder/engine/archive.py LazyValues: one step of each
 side held) and times the same call. Peak memory is the child's peak resident set during the
 comparison above its resident set just before it (the kernel's high-water mark, reset first
 through /proc/self/clear_refs; after a warm-up comparison of one step, so one-time costs are
@@ -15,7 +17,7 @@ not counted), beside the largest single step of the two archives together.
 The comparison's own result rows (one PointResult per step and point) are counted separately:
 they are the output, and grow with the schedule whatever the inputs' layout. Expected runtime
 on the 2-core machine at the shipped defaults: about 3 minutes to write the archives, 1 minute
-for the two comparisons. Records thread count, medians of --repeat runs.
+for the four comparisons (interleaved, --repeat each). Records thread count, medians of --repeat runs.
 """
 from __future__ import annotations
 
@@ -37,10 +39,31 @@ def _rss_kib(field: str) -> int:
     return -1
 
 
+def child_run(preset: str, prompt_len: str, steps: str) -> dict:
+    """`python -m ladder run` itself on the same schedule, in this process: the comparison
+    time its own timing line prints (compare_ladders in the state a real run leaves)."""
+    import re
+
+    import torch
+    torch.set_flush_denormal(True)
+    torch.set_num_threads(1)
+    from ladder.cli.main import main
+    lines = []
+    rc = main(["run", "--preset", preset, "--prompt-len", prompt_len, "--steps", steps,
+               "--no-check-plain"], out=lines.append)
+    text = "\n".join(map(str, lines))
+    m = re.search(r"compare ([0-9.]+) s, total", text)
+    if rc != 0 or m is None:
+        raise SystemExit(f"run exited {rc}: {text[-500:]}")
+    return {"mode": "run", "compare_s": float(m.group(1)), "threads": torch.get_num_threads()}
+
+
 def child(mode: str, a: str, b: str) -> dict:
     import torch
     torch.set_flush_denormal(True)
     torch.set_num_threads(1)
+    if mode == "run":
+        return child_run(*a.split(":"))
     from ladder.engine.compare import compare_ladders
     from ladder.engine.rules import DEFAULT_RULES
     from ladder.engine.trace import Ladder
@@ -66,8 +89,8 @@ def child(mode: str, a: str, b: str) -> dict:
     st = la.steps[1] if len(la.steps) > 1 else la.steps[0]
     sub = lambda lad: Ladder([st], {f"{st.name}/{p}": lad[f"{st.name}/{p}"]  # noqa: E731
                                     for p in lad.points(st.name)}, lad.label)
-    compare_ladders(sub(la), sub(lb), DEFAULT_RULES, keep="summary" if mode == "stream"
-                    else "all")
+    keep = "all" if mode == "memory-all" else "summary"
+    compare_ladders(sub(la), sub(lb), DEFAULT_RULES, keep=keep)
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")                          # reset VmHWM to the current RSS
@@ -75,8 +98,9 @@ def child(mode: str, a: str, b: str) -> dict:
         pass
     before = _rss_kib("VmRSS")
     t0 = time.perf_counter()
-    # memory: what `run` does (every row kept); stream: what `compare` does (rows folded)
-    cmp = compare_ladders(la, lb, DEFAULT_RULES, keep="summary" if mode == "stream" else "all")
+    # memory: what `run` does (in memory, rows folded); memory-all: every row kept; stream:
+    # what `compare` does (read lazily, rows folded)
+    cmp = compare_ladders(la, lb, DEFAULT_RULES, keep=keep)
     dt = time.perf_counter() - t0
     peak = _rss_kib("VmHWM")
     rows = sum(sys.getsizeof(r) + sys.getsizeof(r.errors) for r in cmp.rows)
@@ -122,32 +146,43 @@ def main(argv=None) -> int:
             subprocess.run([sys.executable, "-m", "ladder", "dump", side, "--out", p, *flags],
                            check=True, env=env, stdout=subprocess.DEVNULL)
     results = {}
-    for mode in ("memory", "stream"):
-        runs = []
-        for i in range(args.repeat):
+    modes = ("run", "memory", "memory-all", "stream")
+    runs = {m: [] for m in modes}
+    for i in range(args.repeat):            # interleaved: a slow spell falls on every mode
+        for mode in modes:
             print(f"{mode} {i + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
-            out = subprocess.run([sys.executable, __file__, "--child", mode, paths["torch"],
+            a = f"{args.preset}:{args.prompt_len}:{args.steps}" if mode == "run" else \
+                paths["torch"]
+            out = subprocess.run([sys.executable, __file__, "--child", mode, a,
                                   paths["reference"]], check=True, env=env,
                                  capture_output=True, text=True).stdout
-            runs.append(json.loads(out.strip().splitlines()[-1]))
-        runs.sort(key=lambda r: r["compare_s"])
-        results[mode] = dict(runs[len(runs) // 2], compare_s_all=[r["compare_s"] for r in runs])
+            runs[mode].append(json.loads(out.strip().splitlines()[-1]))
+    for mode, rs in runs.items():
+        rs.sort(key=lambda r: r["compare_s"])
+        results[mode] = dict(rs[len(rs) // 2], compare_s_all=[r["compare_s"] for r in rs])
     mem, st = results["memory"], results["stream"]
+    every = results["memory-all"]
     archive_bytes = sum(os.path.getsize(p) for p in paths.values())
     print(f"{args.preset}, prompt {args.prompt_len} + {args.steps} steps, {st['rows']} rows, "
           f"{st['threads']} torch thread(s), median of {args.repeat}")
-    for r in (mem, st):
+    for r in (mem, every, st):
         r["archive_mb_per_s"] = archive_bytes / 1e6 / r["compare_s"]
     print(f"  archives {archive_bytes / 1e6:.0f} MB: stream compares "
           f"{st['archive_mb_per_s']:.0f} MB/s of archive, {st['rows'] / st['compare_s']:.0f} "
           f"rows/s")
-    for r in (mem, st):
-        print(f"  {r['mode']:6s}: compare {r['compare_s']:.2f} s, archive values held at most "
+    for r in (mem, every, st):
+        print(f"  {r['mode']:10s}: compare {r['compare_s']:.2f} s, archive values held at most "
               f"{r['values_held_bytes'] / 1e6:.1f} MB, RSS peak +{r['peak_extra_bytes'] / 1e6:.1f} "
               f"MB (largest step {r['largest_step_bytes'] / 1e6:.1f} MB, result rows "
               f"{r['rows_bytes'] / 1e6:.1f} MB)")
     print(f"  stream values held / largest step: "
           f"{st['values_held_bytes'] / st['largest_step_bytes']:.2f}x")
+    run = results["run"]
+    print(f"  run       : compare {run['compare_s']:.2f} s (its own timing line: `python -m "
+          f"ladder run` on this schedule, in one process)")
+    print(f"  run / stream time: {run['compare_s'] / st['compare_s']:.2f}x; run's folded "
+          f"comparison on the loaded archives / stream: {mem['compare_s'] / st['compare_s']:.2f}x; "
+          f"every row kept / stream: {every['compare_s'] / st['compare_s']:.2f}x")
     print(f"  stream / memory time: {st['compare_s'] / mem['compare_s']:.2f}x; stream peak / "
           f"largest step: {st['peak_extra_bytes'] / st['largest_step_bytes']:.2f}x "
           f"(less the rows: {(st['peak_extra_bytes'] - st['rows_bytes']) / st['largest_step_bytes']:.2f}x)")

@@ -4,6 +4,7 @@ as a table.
     python tools/hostile/hostile_inputs.py [--only NAME ...] [--pythonpath DIR] [--timeout 60]
                                    [--max-as 4G] [--json OUT]
     python tools/hostile/hostile_inputs.py --readers 150 [--seed 32] [--json OUT]
+    python tools/hostile/hostile_inputs.py --kinds shrink,precision,plugin,golden --cases 260
 
 Builds every case of the issue in a temporary directory (a .cact whose header declares a huge
 max_seq_len or Engram dilation, links to /dev/zero, FIFOs, a 50,000-level dotted TOML key, an
@@ -20,6 +21,10 @@ manifests, needle-rs fixtures, name maps, sweep grids, result.json / sweep.json 
 (in one limited child process per reader): a table of exit 2 clean, accepted legitimately,
 judged failing, and what must stay 0: hostile inputs accepted, tracebacks, timeouts.
 
+--kinds K,... --cases N generates N cases of each of issue 48's kinds (shrink's flags and sweep
+rows, precision declarations, the pytest plugin's options, golden files;
+tools/hostile/hostile_kinds.py) and tabulates them the same way, then lists every escape.
+
 --pythonpath runs the CLI from another source tree (e.g. an export of an older commit) against
 the same files: the "before" column of the issue's table.
 """
@@ -34,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from hostile_kinds import child_limits      # this folder is on sys.path when run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if not os.environ.get("PYTHONPATH"):      # else the tree under test comes from PYTHONPATH
@@ -115,7 +122,7 @@ def fixture_copy(tmp, name, change=None, json_target=None) -> str:
 def cases(tmp) -> list:
     """(name, argv) for every case of the issue, in its order."""
     import torch
-    from ladder.engine.rules import DEFAULT_RULES, dump_rules
+    from ladder.engine.rules import DEFAULT_RULES
     c = []
     cact = lambda name, **f: LADDER + ["--cact", patched_cact(tmp, name, **f)]
     c.append(("cact max_seq_len=2^26", cact("seq26", max_seq_len=2 ** 26)))
@@ -379,18 +386,11 @@ def _encode(path) -> int:
     return 0
 
 
-def _limits(max_as: int, cpu: int):
-    def apply():
-        resource.setrlimit(resource.RLIMIT_AS, (max_as, max_as))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-    return apply
-
-
 def run(argv, env, timeout: float, max_as: int) -> dict:
     t0 = time.perf_counter()
     # `python -m` puts the working directory first on sys.path: run in the tree under test.
     p = subprocess.Popen(argv, cwd=env["PYTHONPATH"], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, preexec_fn=_limits(max_as, int(timeout) + 30),
+                         stderr=subprocess.PIPE, preexec_fn=child_limits(max_as, int(timeout) + 30),
                          start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
@@ -497,7 +497,7 @@ def readers_report(n: int, seed: int, timeout: float, max_as: int, as_json: str 
                               str(n), "--seed", str(seed), "--timeout", str(timeout)],
                              capture_output=True, text=True, cwd=ROOT,
                              env=dict(os.environ, PYTHONPATH=ROOT),
-                             preexec_fn=_limits(max_as, int(n * timeout) + 300))
+                             preexec_fn=child_limits(max_as, int(n * timeout) + 300))
         try:
             r = json.loads(res.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
@@ -529,9 +529,25 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--readers", type=int, metavar="N", help="instead: N generated cases per "
                     "reader added since issue 16 (tests/hostile/readers.py), a table per reader")
-    ap.add_argument("--seed", type=int, default=32, help="--readers: the generators' seed")
+    ap.add_argument("--seed", type=int, default=32, help="the generators' seed (--readers and --kinds)")
     ap.add_argument("--reader-child", help=argparse.SUPPRESS)   # internal: one reader's cases
+    ap.add_argument("--kinds", help="instead: issue 48's generated kinds, comma-separated "
+                    "(shrink, precision, plugin, golden; tools/hostile/hostile_kinds.py)")
+    ap.add_argument("--cases", type=int, default=260, help="--kinds: cases per kind")
+    ap.add_argument("--kind-child", help=argparse.SUPPRESS)     # internal: one kind's cases
+    ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.kinds or args.kind_child:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import hostile_kinds as hk
+        if args.kind_child:
+            return hk.child(args.kind_child, args.cases, args.seed, args.timeout, args.start)
+        kinds = args.kinds.split(",")
+        if not set(kinds) <= set(hk.KINDS):
+            ap.error(f"--kinds {args.kinds}: each one of {', '.join(hk.KINDS)}")
+        from reference.memory_budget import parse_size
+        return hk.report(kinds, args.cases, args.seed, args.timeout, parse_size(args.max_as),
+                         os.path.abspath(__file__), args.json)
     if args.encode:
         return _encode(args.encode)
     from reference.memory_budget import parse_size
@@ -548,7 +564,7 @@ def main(argv=None) -> int:
             print(json.dumps(run(cmd, env, args.timeout, parse_size(args.max_as))))
             return 0
         rows = []
-        print(f"| case | exit | seconds | peak RSS MB | traceback | stderr (last line) |")
+        print("| case | exit | seconds | peak RSS MB | traceback | stderr (last line) |")
         print("|---|---|---|---|---|---|")
         for i, (name, _) in enumerate(todo):
             if args.only and not any(s in name for s in args.only):

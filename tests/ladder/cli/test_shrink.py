@@ -86,6 +86,16 @@ def test_shrink_a_planted_fault_and_the_emitted_test_fails_with_it_only(tmp_path
     assert bad.returncode == 1 and "1 failed" in bad.stdout, bad.stdout[-2000:]
     good = _pytest(d)
     assert good.returncode == 0 and "1 passed" in good.stdout, good.stdout[-2000:]
+    # no file names the directory: moved whole and run from its parent, it fails the same
+    for name in os.listdir(d):
+        assert str(tmp_path).encode() not in (d / name).read_bytes(), name
+    moved = tmp_path / "elsewhere" / "suite" / "repro_moved"
+    moved.parent.mkdir(parents=True)
+    d.rename(moved)
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "suite/repro_moved", "--ladder-plant", fault], capture_output=True,
+                         text=True, timeout=600, cwd=str(moved.parent.parent))
+    assert res.returncode == 1 and "1 failed" in res.stdout, res.stdout[-2000:]
 
 
 def _best(text):
@@ -166,3 +176,11 @@ def test_a_sweep_case_is_shrunk_by_name_with_its_fault(tmp_path):
     assert "L03.q (own)" in text and "5 positions" in text and "1 position (" in text, text
     rc, text = _run("shrink", "--from-sweep", str(tmp_path / "sw"), "c9999")
     assert rc == 2
+
+
+def test_a_port_that_cannot_be_built_on_fewer_layers_is_shrunk_around_them():
+    # build_buggy scales layer 2's coefficients: on 1 or 2 layers its factory raises
+    rc, text = _run("shrink", "--port", "tests.ports.toy_port:build_buggy", "--no-check-plain")
+    assert rc == 0, text
+    assert "L02.hpost (own)" in text and "3 layers" in _best(text), text
+    assert "of 1 or 2 layers could not be built" in text and "IndexError" in text

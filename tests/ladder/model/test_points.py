@@ -141,6 +141,14 @@ def test_check_ladder_refuses_missing_extra_and_reordered_points(tiny_cfg, regis
         _check(tiny_cfg, registry_ladder,
                lambda v: v.update({"decode00/L01.extra": torch.zeros(1, 3)}))
 
+    def drop_layer(v):                        # a whole layer: the list is cut, with a count
+        for k in [k for k in v if k.startswith("decode00/L02.")]:
+            v.pop(k)
+    n = sum(1 for name, _ in expected(tiny_cfg) if name.startswith("L02."))
+    assert n > 5
+    with pytest.raises(TraceError, match=rf"missing \['L02\.[^]]*\] and {n - 5} more$"):
+        _check(tiny_cfg, registry_ladder, drop_layer)
+
     def swap(v):                              # q and k exchange places in the dict's order
         items = list(v.items())
         i = next(j for j, (k, _) in enumerate(items) if k == "prefill/L00.q")

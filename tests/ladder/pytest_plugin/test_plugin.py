@@ -254,7 +254,7 @@ def test_the_readme_example_runs_and_prints_the_summary_it_shows(inner):
 @pytest.mark.parametrize("flags,needle", [
     (["--ladder-port", "tests.ports.toy_port:build", "--ladder-plant", "hpost_one"],
      "--ladder-plant hpost_one plants a bug in our port"),
-    (["--ladder-plant", "no_such_fault"], "--ladder-plant no_such_fault: unknown; known: "),
+    (["--ladder-plant", "no_such_fault"], "--ladder-plant 'no_such_fault': unknown; known: "),
     (["--ladder-regen", "--ladder-regen-all"], "--ladder-regen and --ladder-regen-all"),
     (["--ladder-plant", ""], "--ladder-plant '': empty"),            # issue 32: not "no fault"
     (["--ladder-port", " "], "--ladder-port ' ': empty"),

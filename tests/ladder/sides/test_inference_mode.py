@@ -78,9 +78,9 @@ def test_a_command_runs_in_inference_mode(monkeypatch):
     from ladder.cli import commands
     real = commands.compare_run
 
-    def spy(args, out):
+    def spy(args, out, *rest):
         seen.append(torch.is_inference_mode_enabled())
-        return real(args, out)
+        return real(args, out, *rest)
     monkeypatch.setattr(commands, "compare_run", spy)
     assert main(["run", "--steps", "1"], out=lambda *a, **k: None) == 0
     assert seen == [True]
