@@ -29,13 +29,15 @@ def _head(path: str, n: int) -> bytes:
         return f.read(n)
 
 
-def _looks_like_cact(path: str) -> bool:
+def looks_like_cact(path: str) -> bool:
+    """Does the file start with the .cact tag? (The CLI and the plugin sniff alike.)"""
     from reference.cact import TAG
     head = _head(path, 4)
     return len(head) == 4 and struct.unpack("<I", head)[0] == TAG
 
 
-def _looks_like_safetensors(path: str) -> bool:
+def looks_like_safetensors(path: str) -> bool:
+    """Does the file start as safetensors does (an 8-byte length, then '{')?"""
     head = _head(path, 9)
     return len(head) == 9 and head[8:9] == b"{"
 
@@ -114,13 +116,13 @@ def _model_files(args) -> None:
         _fail(f"--params {args.params} and --cact {args.cact}: give one of them, not both")
     if args.params:
         input_file("--params", args.params, SAFETENSORS_HINT)
-        if _looks_like_cact(args.params):
+        if looks_like_cact(args.params):
             _fail(f"--params {args.params} is a .cact checkpoint; use --cact {args.params}")
     if args.cact:
         input_file("--cact", args.cact, "a .cact checkpoint")
-        if _looks_like_safetensors(args.cact):
+        if looks_like_safetensors(args.cact):
             _fail(f"--cact {args.cact} is a safetensors file; use --params {args.cact}")
-        if not _looks_like_cact(args.cact):
+        if not looks_like_cact(args.cact):
             _fail(f"--cact {args.cact}: not a .cact file (its first 4 bytes are not the .cact "
                   f"tag); --cact takes a checkpoint written by cactus-needle or write_cact")
 

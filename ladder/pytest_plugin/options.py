@@ -229,11 +229,12 @@ def _plant(config, plant: str) -> None:
 
 
 def _files(config) -> None:
-    from ladder.cli.args import SAFETENSORS_HINT, input_file, writable_dir
+    from ladder.cli.args import (SAFETENSORS_HINT, input_file, looks_like_cact,
+                                 looks_like_safetensors, writable_dir)
     params, cact = opt(config, "params"), opt(config, "cact")
     if params:
         _cli_check(input_file, "--ladder-params", params, SAFETENSORS_HINT)
-        if _head(params, 4) == _cact_tag():
+        if looks_like_cact(params):
             _usage(f"--ladder-params {shown(params)} is a .cact checkpoint; use --ladder-cact")
         from bounded.io import InputFileError
         from bounded.safetensors import read_safetensors_header
@@ -243,10 +244,9 @@ def _files(config) -> None:
             _usage(f"--ladder-params {shown(params)}: not a readable safetensors file ({e})")
     if cact:
         _cli_check(input_file, "--ladder-cact", cact, "a .cact checkpoint")
-        head = _head(cact, 9)
-        if len(head) == 9 and head[8:9] == b"{":
+        if looks_like_safetensors(cact):
             _usage(f"--ladder-cact {shown(cact)} is a safetensors file; use --ladder-params")
-        if head[:4] != _cact_tag():
+        if not looks_like_cact(cact):
             _usage(f"--ladder-cact {shown(cact)}: not a .cact file (its first 4 bytes are not "
                    f"the .cact tag); --ladder-cact takes a checkpoint written by cactus-needle "
                    f"or write_cact")
@@ -278,17 +278,6 @@ def _files(config) -> None:
     out = config.getoption("--ladder-out")
     if out:
         _cli_check(writable_dir, "--ladder-out", out)
-
-
-def _head(path: str, n: int) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(n)
-
-
-def _cact_tag() -> bytes:
-    import struct
-    from reference.cact import TAG
-    return struct.pack("<I", TAG)
 
 
 def _port_spec(config, spec: str) -> None:
