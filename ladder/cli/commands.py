@@ -109,10 +109,12 @@ def compare_run(args, out=print, keep: str = "all"):
     if graph_verdict(model, check):
         out(graph_verdict(model, check))
     from ladder.engine.rules import UNIT_EPS
+    from ladder.sides.own_error import own_sums
+    own = own_sums(port, params, cfg, prec, window)   # each op re-run on the port's inputs
     cmp = compare_ladders(port, ref, rules, prefix="port", a_label=run.label(),
                           b_label=ref.label, keep=keep, floor=floor,
                           unit_eps=UNIT_EPS[prec.activations if prec else "float32"],
-                          precision=prec)
+                          precision=prec, own=own)
     cmp.precision = prec
     extra = []
     td = time.perf_counter()

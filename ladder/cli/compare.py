@@ -162,10 +162,15 @@ def cmd_compare(args, out=print) -> int:
             f"{'--port-precision' if getattr(args, 'port_precision', None) else 'declared by ' + labels[0]}; "
             f"docs/precision.md), {time.perf_counter() - t0:.2f} s; rules {rules.source}")
     from ladder.engine.rules import UNIT_EPS
+    own = None
+    # each op re-run on the candidate's inputs, when the yardstick is the reference itself
+    if cfg is not None and ref_params is not None and specs[1] == "reference":
+        from ladder.sides.own_error import own_sums
+        own = own_sums(a, ref_params, cfg, prec, window)
     cmp = compare_ladders(a, b, rules, prefix="port", a_label=labels[0], b_label=labels[1],
                           keep=keep, floor=floor,
                           unit_eps=UNIT_EPS[prec.activations if prec else "float32"],
-                          precision=prec)
+                          precision=prec, own=own)
     cmp.precision = prec
     check_recorded_argmax(cmp, a, b, labels)
     print_table(cmp, args, out)

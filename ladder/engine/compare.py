@@ -301,7 +301,7 @@ def schedule_difference(a: Ladder, b: Ladder) -> str:
 
 def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "port",
                     a_label=None, b_label=None, keep: str = "all", floor: Ladder | None = None,
-                    unit_eps: float = 0.0, precision=None) -> Comparison:
+                    unit_eps: float = 0.0, precision=None, own=None) -> Comparison:
     """Every (step, point) of `a` against `b` under rules matched on `{prefix}/{point}`.
 
     `floor`: a noise floor (the reference at the candidate's precision, same schedule): each
@@ -316,7 +316,10 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
 
     Beside the rows, every float point's systematic statistics over all positions
     (systematic.py) are judged against the margins of `precision` (the candidate's declared
-    Precision; None: float32): a material scale or bias fails the point's first row."""
+    Precision; None: float32): a material scale or bias fails the point's first row. `own`:
+    the same statistics of each point's own op (a systematic.Systematic keyed by point: the
+    candidate against the yardstick's op re-run on the candidate's recorded inputs, which a
+    model-aware caller computes, ladder/sides/own_error.py), tested in one family with them."""
     if keep not in ("all", "summary"):
         raise CompareError(f"keep={keep!r}; one of 'all', 'summary'")
     rs = as_ruleset(rules)
@@ -420,7 +423,7 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
                      list(b.steps), hidden, floor_label=None if floor is None else floor.label)
     if fold is not None:
         fold.finish(cmp)
-    judge_systematic(cmp, sysm, precision)
+    judge_systematic(cmp, sysm, precision, own)
     return cmp
 
 

@@ -49,6 +49,18 @@ MAX_CLUSTERS = 4096      # past this, neighbouring positions are merged (memory 
 # (tools/precision/systematic_false_alarms.py, 341 cases: float16 and bfloat16,kv=int8).
 TOWARD_MARGIN = 0.25
 TRUNCATION = 0.5         # of the scale margin: the shrink with which it fails
+# A point's own-op statistics (the port against the reference's op re-run on the port's own
+# recorded inputs: ladder/sides/own_error.py) are kept beside its chained ones under this key.
+OWN = " (own op)"
+
+
+def own_key(point: str) -> str:
+    return point + OWN
+
+
+def ladder_point(key: str) -> str:
+    """The ladder point a statistics key belongs to (its own-op key included)."""
+    return key[:-len(OWN)] if key.endswith(OWN) else key
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,11 @@ class PointSystematic:
     word: str = "positions"   # what a cluster is (a sweep's pool: merged runs of positions)
 
     @property
+    def own(self) -> bool:
+        """Statistics of the point's own op, not of its chained error."""
+        return self.point.endswith(OWN)
+
+    @property
     def truncates(self) -> bool:
         """Moved toward zero, certainly and mostly, by less than one rounding step: what
         rounding toward zero does (a scale further below 1 is a scale, not a rounding)."""
@@ -90,7 +107,10 @@ class PointSystematic:
 
     @property
     def failed(self) -> bool:
-        shrink = self.truncates and self.scale.value < -TRUNCATION * self.scale.margin
+        # An op's own shrink is not failed as a rounding mode: a value recorded too large
+        # makes the op reading it look like it shrank (its consumers are recorded honestly)
+        shrink = self.truncates and not self.own \
+            and self.scale.value < -TRUNCATION * self.scale.margin
         return self.scale.material or self.bias.material or shrink
 
     @property
@@ -132,7 +152,8 @@ class PointSystematic:
     def to_dict(self) -> dict:
         est = lambda e: {"value": _num(e.value), "se": _num(e.se), "p": _num(e.p),
                          "p_adjusted": _num(e.p_adj), "margin": _num(e.margin)}
-        return {"point": self.point, "status": self.status, "kind": self.kind,
+        return {"point": ladder_point(self.point), "basis": "own op" if self.own else "chained",
+                "status": self.status, "kind": self.kind,
                 "positions": self.clusters, "elements": self.elements,
                 "scale": est(self.scale), "bias": est(self.bias),
                 "toward_zero": est(self.toward)}
@@ -239,8 +260,12 @@ def _test(value: float, var: float, df: int) -> Estimate:
 
 def _scale_text(e: Estimate) -> str:
     """1 + s with its standard error; below 1e-4 of standard error five digits of 1 + s would
-    print '1' for a certain departure, so the departure is written out ('1 + 3.1e-08')."""
+    print '1' for a certain departure, so the departure is written out ('1 + 3.1e-08'), and a
+    larger one gets the digits its error resolves ('1.020031 +- 7.2e-05')."""
     if e.se < 1e-4 and e.value == e.value:
-        return f"1 {'-' if e.value < 0 else '+'} {abs(e.value):.2g} +- {e.se:.2g}"
+        if abs(e.value) < 1e-4:
+            return f"1 {'-' if e.value < 0 else '+'} {abs(e.value):.2g} +- {e.se:.2g}"
+        digits = min(9, 1 - math.floor(math.log10(e.se))) if e.se > 0 else 6
+        return f"{1 + e.value:.{digits}f} +- {e.se:.2g}"
     return f"{1 + e.value:.5g} +- {e.se:.2g}"
 

@@ -8,14 +8,19 @@ from dataclasses import replace
 import torch
 
 from ladder.engine.rule_tables import UNIT_EPS, systematic_margins
-from ladder.engine.systematic import ALPHA
+from ladder.engine.systematic import ALPHA, ladder_point, own_key
 from ladder.engine.systematic_sums import position_sums
 
 MARK = "systematic: "
 
 
-def judge_systematic(cmp, sysm, precision):
-    """Set cmp.systematic (and cmp.sums) from `sysm`, failing the rows of material points."""
+def judge_systematic(cmp, sysm, precision, own=None):
+    """Set cmp.systematic (and cmp.sums) from `sysm`, failing the rows of material points.
+    `own`: the own-op sums of the same points (ladder/sides/own_error.py), tested in the same
+    Holm family under their own keys (systematic.own_key)."""
+    if own is not None:
+        for point in own.points():
+            sysm.add(own_key(point), own.sums(point))
     scale_m, bias_m = systematic_margins(precision)
     act = "float32" if precision is None else precision.activations
     rs = cmp.rules
@@ -23,12 +28,12 @@ def judge_systematic(cmp, sysm, precision):
     def margins(point):
         # a point's rule states the relative error it tolerates: a systematic error inside
         # that is not material either (a rule loosened for a point loosens its margin)
-        rtol = rs.rules[rs.pattern_for(f"{cmp.prefix}/{point}")].rtol
+        rtol = rs.rules[rs.pattern_for(f"{cmp.prefix}/{ladder_point(point)}")].rtol
         return max(scale_m, rtol), max(bias_m, rtol)
     results = sysm.finish(margins, UNIT_EPS[act])
     order = {p: i for i, p in enumerate(cmp.point_order or
                                         dict.fromkeys(r.point for r in cmp.rows))}
-    results.sort(key=lambda r: order.get(r.point, len(order)))
+    results.sort(key=lambda r: (order.get(ladder_point(r.point), len(order)), r.own))
     cmp.systematic, cmp.sums = results, sysm
     for res in results:
         if res.failed:
@@ -36,7 +41,7 @@ def judge_systematic(cmp, sysm, precision):
 
 
 def _fail_first_row(cmp, res):
-    i = next((k for k, r in enumerate(cmp.rows) if r.point == res.point), None)
+    i = next((k for k, r in enumerate(cmp.rows) if r.point == ladder_point(res.point)), None)
     if i is None:
         return
     row = cmp.rows[i]
@@ -73,16 +78,20 @@ def systematic_verdict(cmp, first) -> str:
     """locate's verdict on a point that fails by its statistics: a re-run at one position
     cannot show an error that only its repetition over positions makes certain, so the split
     is read off the ladder instead: every earlier point was tested and none is material."""
-    res = {r.point: r for r in cmp.systematic}
-    mine = res.get(first.point)
+    here = [r for r in cmp.systematic if ladder_point(r.point) == first.point]
+    mine = next((r for r in here if r.failed), here[0] if here else None)
     before = []
     for r in cmp.systematic:
-        if r.point == first.point:
+        if ladder_point(r.point) == first.point:
             break
         before.append(r)
     found = [r.point for r in before if r.finding]
     tail = (f"; findings below the margin before it: {', '.join(found[:6])}"
             if found else "")
+    if mine is not None and mine.own:
+        return (f"{mine.text()}. The op's own error: the reference's op, fed the port's own "
+                f"recorded inputs, departs from what the port recorded the same way at every "
+                f"position{tail}")
     return (f"{mine.text() if mine else first.point}. The layer's own error: each of the "
             f"{len(before)} points before it in ladder order was tested the same way and none "
             f"is past its margin{tail}")

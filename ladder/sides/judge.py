@@ -293,9 +293,14 @@ def verdict_of(cap: Captured, model: ModelUnderTest, rules=None, locate=True,
     if not prec.is_float32:
         floor = model.floor(cap.tokens, cap.prompt_len, cap.window, prec)
         rules = NOISE_RULES if rules is None else rules
+    from ladder.sides.own_error import own_sums
+    # each op re-run on the port's inputs: against the reference's ops, so not when a stored
+    # golden stands in for the reference (the port is then held to the file, bugs included)
+    own = None if yardstick is not None else \
+        own_sums(cap.obtained, model.ref_params, model.cfg, prec, cap.window)
     cmp = compare_ladders(cap.obtained, yard, _rules(rules), prefix="port", a_label=cap.label,
                           b_label=yardstick_label or yard.label, floor=floor,
-                          unit_eps=UNIT_EPS[prec.activations], precision=prec)
+                          unit_eps=UNIT_EPS[prec.activations], precision=prec, own=own)
     cmp.precision, cmp.floor_label = prec, None if floor is None else floor.label
     from ladder.sides.model_input import LadderInputError
     from ladder.sides.side_spec import check_recorded_argmax
