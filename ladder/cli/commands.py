@@ -202,7 +202,6 @@ def cmd_locate(args, out=print) -> int:
     if other_model(args):
         from ladder.v41.cli import cmd_locate as v41_locate
         return v41_locate(args, out)
-    from ladder.engine.locate import locate
     cmp, extra, port, ref, model, window, info = compare_run(args, out)
     out("")
     out(str(cmp))
@@ -224,7 +223,6 @@ def cmd_report(args, out=print) -> int:
     if other_model(args):
         from ladder.v41.cli import cmd_report as v41_report
         return v41_report(args, out)
-    from ladder.engine.locate import locate
     from ladder.engine.plot import fallback_note
     from ladder.engine.report import write_report
     cmp, extra, port, ref, model, window, info = compare_run(args, out)

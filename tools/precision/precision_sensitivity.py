@@ -95,13 +95,22 @@ def judged(model, precision, way, point, layer, eps, steps):
 def verdict(model, precision, way, point, layer, eps, steps):
     """(status, where): status 'fail' (at `where`, the first divergence), 'finding' (at the
     perturbed point) or 'pass'."""
+    from ladder.engine.systematic import ladder_point
     v = judged(model, precision, way, point, layer, eps, steps)
     if not v.passed:
         return "fail", v.cmp.first.key if v.cmp.first is not None else "logits"
-    here = f"L{layer:02d}.{point}"
-    if any(r.finding and r.point == here for r in v.cmp.systematic):
-        return "finding", here
+    for r in v.cmp.systematic:          # chained or own-op, at the point or where it lands
+        if r.finding and lands(ladder_point(r.point), way, point, layer):
+            return "finding", r.point
     return "pass", ""
+
+
+def lands(at: str, way: str, point: str, layer: int) -> bool:
+    """Whether a statistic at `at` sees the scaled point: the point itself, or for the lanes
+    scaled in compute (after `L{layer}.x` is recorded) the next layer's ops reading them."""
+    if at == f"L{layer:02d}.{point}":
+        return True
+    return point == "x" and way == "compute" and at.startswith(f"L{layer + 1:02d}.")
 
 
 def pooled(precision, way, point, layer, eps, steps, seeds: int) -> str:
@@ -116,10 +125,10 @@ def pooled(precision, way, point, layer, eps, steps, seeds: int) -> str:
         rows.append({"index": seed, "id": f"seed {seed}", "systematic": row_field(v.cmp),
                      "settings": {"precision": precision, "seed": seed}})
     (group,) = pool(rows)
-    here = f"L{layer:02d}.{point}"
+    from ladder.engine.systematic import ladder_point
     for status, key in (("FAIL", "failing"), ("finding", "findings")):
         for r in group[key]:
-            if r.point == here:
+            if lands(ladder_point(r.point), way, point, layer):
                 return f"pooled {status}: {r.text()}"
     others = [r.point for r in group["failing"]]
     return f"pooled pass{' (failing elsewhere: ' + ', '.join(others) + ')' if others else ''}"
@@ -144,6 +153,7 @@ def smallest(test, rounds: int = 8) -> float:
 def main(argv=None) -> int:
     import torch
     torch.set_flush_denormal(True)
+    from ladder.engine.systematic import ladder_point
     from ladder.sides.judge import ModelUnderTest
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--precision", default="bfloat16")
@@ -171,7 +181,7 @@ def main(argv=None) -> int:
             fail = smallest(lambda e, w=way: status(args.precision, w, e)[0] == "fail")
             st, where = status(args.precision, way, args.at)
             at = f"{st} at {where}" if where else st
-            located = where.endswith(f"L{args.layer:02d}.{point}")
+            located = lands(ladder_point(where.rpartition("/")[2]), way, point, args.layer)
             rows.append({"point": point, "layer": args.layer, "way": way, "float32": e32,
                          "flagged": flag, "fails": fail, "precision": args.precision,
                          "at": args.at, "at_status": st, "at_where": where,

@@ -5,7 +5,6 @@ on its own; the honest port's pool does not fail; a row's `systematic`
 field is checked like every other field."""
 from tests import paths  # noqa: F401  (the checkout on sys.path)
 import json
-import os
 import sys
 
 import pytest
