@@ -1,13 +1,14 @@
 """The systematic sums of every op's own error: the port's recorded value of each point against
-the reference's op re-run on the port's recorded inputs (op_replay.py), in float32 (the truth
-the op is judged by) and at the port's precision (the op's own noise floor).
+the reference's op re-run on the port's recorded inputs (op_replay.py), in float32 arithmetic
+on what the port declares it stores (truth_replayer).
 
 What the chained statistics (ladder/engine/systematic.py) test as d = a - f against the
-reference x = b over the whole run, these test with b and f replaced by the op's replays: the
-same estimators, the same clusters (positions), the same margins, one Holm family with the
-chained tests (ladder/engine/systematic_verdict.py). Their spread is one op's rounding, not
-everything upstream of it, so the same positions resolve a scale several times smaller
-(docs/precision.md, "Own-op statistics").
+reference x = b over the whole run, these test with both b and f replaced by the op's replay
+(d = a - replay, against the replay): no floor, since a round-to-nearest port departs from an
+exact op without a direction. The same estimators, the same clusters (positions), the same
+margins, one Holm family with the chained tests (ladder/engine/systematic_verdict.py). Their
+spread is one op's rounding, not everything upstream of it, so the same positions resolve a
+scale several times smaller (docs/precision.md, "Own-op statistics").
 
 The recording is read a chunk of positions at a time (consecutive steps, CHUNK positions at
 most): memory stays one chunk plus the attention's window of recorded keys and values.

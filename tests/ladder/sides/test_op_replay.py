@@ -81,6 +81,17 @@ def test_a_scale_below_the_margin_is_a_finding_at_its_own_op(model):
     assert "systematic scale at L02.mlp_out (own op): 1.003" in str(v.cmp)
 
 
+def test_a_scale_just_past_the_margin_fails_at_its_own_op(model):
+    """1 + 0.006 on L02.mlp_out at bfloat16 (1.5 margins): invisible to the chained
+    statistics over 18 positions, failed by the op's own, and the first divergence is there."""
+    port = scaled(model.our_port(precision="bfloat16"), "mlp_out", 2, 1.006)
+    v = judge(port, model, locate=False, **SCHEDULE)
+    assert not v.passed and v.cmp.first.point == "L02.mlp_out", str(v.cmp)
+    failing = [r.point for r in v.cmp.systematic if r.failed]
+    assert failing == [own_key("L02.mlp_out")], failing
+    assert v.cmp.first.note.startswith("systematic: systematic scale at L02.mlp_out (own op)")
+
+
 def test_a_recorded_only_scale_is_found_at_the_record_not_its_reader(model):
     """An archive whose L02.x alone reads 0.3 % large: the op that recorded it departs by
     +0.003, the ops reading it appear to shrink by as much. Only the first is the fault's
