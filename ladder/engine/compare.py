@@ -214,7 +214,8 @@ class Comparison:
     point_order: list = field(default_factory=list)
     precision: object = None        # the candidate's declared precision (three-way), or None
     floor_label: str | None = None  # the noise floor's label, when one was compared
-    # systematic.PointSystematic per point (ladder order): scale, bias, rounding direction
+    # systematic.PointSystematic per point (ladder order): scale, bias, rounding direction,
+    # iteration count
     systematic: list = field(default_factory=list)
     sums: object = None             # the systematic.Systematic they came from (sweeps pool it)
 

@@ -95,6 +95,15 @@ SYSTEMATIC_WHY = ("u of the declared activation (or KV) dtype (its unit roundoff
                   "every position of one model, measured at bfloat16 up to 0.8 u at a point; a "
                   "sweep's pool over models halves it (ladder/sweep/pooled.py)")
 
+# An iterative op's pull toward its one-iteration-short result (systematic.iterations), in
+# iterations: the same at every precision, since an honest port that iterates as often as the
+# reference has no pull at all (its rounding centres on zero), and a port that stops early
+# pulls by about 1.
+ITERATION_MARGIN = 0.1
+ITERATION_WHY = ("a tenth of one iteration: an honest port has no pull (0 within its error, "
+                 "any precision); one iteration short measures 0.1 to 0.85 at bfloat16, "
+                 "where most of its move is lost to the store's rounding, and 1 at float32")
+
 
 def systematic_margins(precision) -> tuple:
     """(scale margin, bias margin in RMS units) for a side at `precision` (a Precision or

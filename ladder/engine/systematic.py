@@ -15,6 +15,9 @@ rounding at the declared precision has no direction. So per point, over all its 
   independent evidence, and the variance comes from the spread between positions. A port that
   rounds more or less often than the floor only widens that spread: it is never flagged for
   being noisier, only for a mean that is not zero;
+- for an iterative op (the Sinkhorn plan, `hres`, in its own-op statistics), its pull
+  toward the result of one iteration fewer (systematic_sums.direction_sums): 0 for a port
+  that iterates as often as the reference, 1 for one an iteration short;
 - a Student t test on C - 1 degrees of freedom (C positions), and Holm's step-down over every
   test of the comparison (family-wise error ALPHA under any dependence between points, which
   is the case here: an error at one point is inherited by the next).
@@ -37,8 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ladder.engine.student import holm, t_sf, two_sided
-from ladder.engine.systematic_sums import (COUNT, MOVED, NCOLS, TOWARD, W, WD, WX, WXD,
-                                           WXX)
+from ladder.engine.rule_tables import ITERATION_MARGIN
+from ladder.engine.systematic_sums import (ALONG, COUNT, GD, GG, MOVED, MOVEDG, NCOLS,
+                                           TOWARD, W, WD, WX, WXD, WXX)
 
 ALPHA = 1e-3             # family-wise false-alarm rate of one comparison
 MIN_CLUSTERS = 3         # fewer positions give no test (t on 1 degree of freedom is no evidence)
@@ -91,6 +95,17 @@ class PointSystematic:
     toward: Estimate          # value: share of moved elements that moved toward zero
     unit: float = 0.0         # the dtype's spacing at 1.0 (2u): a rounding step, relative
     word: str = "positions"   # what a cluster is (a sweep's pool: merged runs of positions)
+    # value: the pull toward one iteration fewer (1: an iteration short); untested (NaN)
+    # but for an iterative op's own-op statistics
+    iterations: Estimate = Estimate(math.nan, math.nan, math.nan)
+    along: float = math.nan   # share of its moved elements that moved to that side
+
+    @property
+    def short(self) -> bool:
+        """Pulled toward one iteration fewer, certainly, with the signature of it: nearly
+        every element that moved, moved that way (an honest port whose records differ from
+        the replay for another reason moves them either way, with a pull of any size)."""
+        return self.iterations.significant and self.along > 0.5 + TOWARD_MARGIN
 
     @property
     def own(self) -> bool:
@@ -111,17 +126,21 @@ class PointSystematic:
         # makes the op reading it look like it shrank (its consumers are recorded honestly)
         shrink = self.truncates and not self.own \
             and self.scale.value < -TRUNCATION * self.scale.margin
-        return self.scale.material or self.bias.material or shrink
+        return self.scale.material or self.bias.material or shrink \
+            or (self.short and self.iterations.material)
 
     @property
     def finding(self) -> bool:
         return not self.failed and (self.scale.significant or self.bias.significant
-                                    or self.truncates)
+                                    or self.truncates or self.short)
 
     @property
     def kind(self) -> str:
         if self.truncates:
             return "rounding mode"
+        if self.short and (self.iterations.material or not (
+                self.scale.material or self.bias.material)):
+            return "iteration count"
         sig = [(abs(e.value) / e.margin if e.margin > 0 else math.inf, name)
                for name, e in (("scale", self.scale), ("bias", self.bias)) if e.significant]
         return max(sig)[1] if sig else "scale"
@@ -136,6 +155,9 @@ class PointSystematic:
         kind = self.kind
         if kind == "bias":
             e, num = self.bias, f"{self.bias.value:+.3g} +- {self.bias.se:.2g} RMS"
+        elif kind == "iteration count":
+            e = self.iterations
+            num = f"{e.value:.3g} +- {e.se:.2g} of one iteration"
         else:
             e, num = self.scale, _scale_text(self.scale)
         if kind == "rounding mode":
@@ -144,6 +166,11 @@ class PointSystematic:
                     f"or a shrink under one rounding step), "
                     f"scale {num}")
             p = self.toward.p_adj
+        elif kind == "iteration count":
+            head = (f"iteration count at {self.point}: the records lean toward the op's "
+                    f"result with one iteration fewer, {num}, {self.along:.0%} of the "
+                    f"elements that moved moved that way")
+            p = e.p_adj
         else:
             head, p = f"systematic {kind} at {self.point}: {num}", e.p_adj
         return (f"{head} ({p_text(p)} after correction; margin {e.margin:.2g}; "
@@ -156,7 +183,8 @@ class PointSystematic:
                 "status": self.status, "kind": self.kind,
                 "positions": self.clusters, "elements": self.elements,
                 "scale": est(self.scale), "bias": est(self.bias),
-                "toward_zero": est(self.toward)}
+                "toward_zero": est(self.toward), "iterations": est(self.iterations),
+                "iterations_along": _num(self.along)}
 
 
 def _num(v):
@@ -204,16 +232,18 @@ class Systematic:
     def finish(self, margins, unit: float = 0.0, word: str = "positions") -> list:
         """PointSystematic per point (insertion order), Holm-corrected over all of them.
         margins(point) -> (scale margin, bias margin); unit: PointSystematic.unit."""
-        raw = [(point, *estimates(self.sums(point))) for point in self._sums]
-        flat = [e.p for _, _, _, sc, bi, tz in raw for e in (sc, bi, tz)]
+        raw = [(point, *estimates(self.sums(point)), *iterations(self.sums(point)))
+               for point in self._sums]
+        flat = [e.p for _, _, _, sc, bi, tz, it, _ in raw for e in (sc, bi, tz, it)]
         tested = [i for i, p in enumerate(flat) if not math.isnan(p)]
         adj = dict(zip(tested, holm([flat[i] for i in tested])))
         out = []
-        for k, (point, c, n, sc, bi, tz) in enumerate(raw):
+        for k, (point, c, n, sc, bi, tz, it, along) in enumerate(raw):
             ms, mb = margins(point)
-            fix = lambda e, j, m: Estimate(e.value, e.se, e.p, adj.get(3 * k + j, math.nan), m)
+            fix = lambda e, j, m: Estimate(e.value, e.se, e.p, adj.get(4 * k + j, math.nan), m)
             out.append(PointSystematic(point, c, n, fix(sc, 0, ms), fix(bi, 1, mb),
-                                       fix(tz, 2, TOWARD_MARGIN), unit, word))
+                                       fix(tz, 2, TOWARD_MARGIN), unit, word,
+                                       fix(it, 3, ITERATION_MARGIN), along))
         return out
 
 
@@ -249,6 +279,22 @@ def estimates(s: np.ndarray):
         t = (share - 0.5) / se if se > 0 else (math.inf if share > 0.5 else 0.0)
         toward = Estimate(float(share), se, t_sf(t, df))
     return C, n, scale, bias, toward
+
+
+def iterations(s: np.ndarray):
+    """(the pull toward one iteration fewer, GD / GG over every position, with its
+    cluster-robust error; the share of moved elements that moved that way). NaN (no test)
+    for a point without a direction."""
+    s = s[s[:, COUNT] > 0]
+    C = len(s)
+    gg = float(s[:, GG].sum()) if C else 0.0
+    moved = float(s[:, MOVEDG].sum()) if C else 0.0
+    along = float(s[:, ALONG].sum()) / moved if moved > 0 else math.nan
+    if C < MIN_CLUSTERS or not gg > 0:
+        return Estimate(math.nan, math.nan, math.nan), along
+    k = float(s[:, GD].sum()) / gg
+    r = s[:, GD] - k * s[:, GG]
+    return _test(k, float(r @ r) * C / (C - 1) / gg ** 2, C - 1), along
 
 
 def _test(value: float, var: float, df: int) -> Estimate:

@@ -9,6 +9,9 @@ with |x|, so this gives every element of ordinary size about equal say in the sc
 plain least-squares slope is ruled by a few outlier lanes), while elements near zero, whose
 ratio d / x is all noise, are damped.
 
+The last four columns hold an iterative op's pull toward its one-iteration-short result
+(direction_sums; zero for every other point).
+
 The columns are the sufficient statistics of that fit and of the rounding-direction count;
 the fit and its cluster-robust variance need nothing else, so a point's sums over many steps
 are simply added (systematic.Systematic), and the batched pass computes them with segmented
@@ -20,8 +23,9 @@ import numpy as np
 
 TAU = 0.25               # in RMS units of the position
 # columns of a cluster's row
-W, WX, WXX, WD, WXD, TOWARD, MOVED, COUNT = range(8)
-NCOLS = 8
+W, WX, WXX, WD, WXD, TOWARD, MOVED, COUNT, GG, GD, ALONG, MOVEDG = range(12)
+NCOLS = 12
+DIRECTION = [GG, GD, ALONG, MOVEDG]      # direction_sums' columns, in its order
 
 
 def position_sums(a: np.ndarray, b: np.ndarray, f: np.ndarray) -> np.ndarray:
@@ -63,3 +67,44 @@ def segmented_sums(A64: np.ndarray, B64: np.ndarray, F: np.ndarray, pos_starts: 
     out[:, MOVED] = red(moved, pos_starts)
     out[:, COUNT] = np.where(ok, pos_width, 0)
     return out
+
+
+def direction_sums(a: np.ndarray, stored: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """[S, 4] float64 (GG, GD, ALONG, MOVEDG) of one point: how far the port's records `a` [S, ...] lean
+    along `g`, the change one iteration fewer makes to the replayed op, from `stored`, the
+    replay as the record stores it (rounded to the declared dtype).
+
+    Against the stored replay, a port that computes the op exactly from its recorded inputs
+    departs nowhere (our bfloat16 port: not one element of hres), and one an iteration short
+    departs where its result crosses a rounding boundary, on g's side: the mean of a rounding
+    over where a value falls in its step is the value. Both d = a - stored and g are centred
+    per element over the S positions first: a pattern that repeats at every position (a
+    plan that barely varies with the token rounds the same way every time) is one piece of
+    evidence, not S, and is removed rather than counted S times. What remains is whether the
+    records move with g where g moves.
+
+    ALONG / MOVEDG is the signature beside that pull: of the elements where g is nonzero and
+    the record differs from the stored replay, the share that moved to g's side. An op an
+    iteration short moves them all that way (only g moved them); an honest port whose records
+    differ for another reason (it read its inputs unrounded) moves them either way."""
+    S = a.shape[0]
+    out = np.zeros((S, 4))
+    if S < 2:
+        return out
+    d = np.asarray(a, np.float64).reshape(S, -1) - np.asarray(stored, np.float64).reshape(S, -1)
+    g = np.asarray(g, np.float64).reshape(S, -1)
+    moved = (d != 0) & (g != 0)
+    out[:, 2] = (moved & ((d > 0) == (g > 0))).sum(1)
+    out[:, 3] = moved.sum(1)
+    d, g = _centred(d), _centred(g)
+    out[:, 0] = (g * g).sum(1)
+    out[:, 1] = (g * d).sum(1)
+    return out
+
+
+def _centred(v: np.ndarray) -> np.ndarray:
+    """v [S, n] less its mean over positions, per element; what is left of a value repeated
+    at every position is the mean's own rounding, and is zero here."""
+    c = v - v.mean(0)
+    c[np.abs(c) <= 1e-9 * np.abs(v).max(0)] = 0.0
+    return c

@@ -9,7 +9,7 @@ import torch
 
 from ladder.engine.rule_tables import UNIT_EPS, systematic_margins
 from ladder.engine.systematic import ALPHA, ladder_point, own_key
-from ladder.engine.systematic_sums import position_sums
+from ladder.engine.systematic_sums import DIRECTION, direction_sums, position_sums
 
 MARK = "systematic: "
 
@@ -65,7 +65,7 @@ def systematic_text(results: list) -> str:
     finds = [r for r in results if r.finding]
     tested = sum(1 for r in results if r.scale.p == r.scale.p)
     head = (f"systematic: {tested} of {len(results)} points tested (scale, bias, rounding "
-            f"direction; Holm over all, family-wise alpha {ALPHA:g}): {len(fails)} failing, "
+            f"direction, an iterative op's iteration count; Holm over all, family-wise alpha {ALPHA:g}): {len(fails)} failing, "
             f"{len(finds)} findings below the margin")
     lines = [head] + [f"    FAIL     {r.text()}" for r in fails] + \
         [f"    finding  {r.text()}" for r in finds[:10]]
@@ -97,15 +97,26 @@ def systematic_verdict(cmp, first) -> str:
             f"is past its margin{tail}")
 
 
-def point_sums(sysm, point: str, va, vb, fv):
+def point_sums(sysm, point: str, va, vb, fv, direction=None):
     """The systematic sums of a point measured one by one (16-bit, logits, ...): float
-    values of one shape, all finite (a NaN/Inf fails the row on its own)."""
+    values of one shape, all finite (a NaN/Inf fails the row on its own). `direction`: an
+    iterative op's (stored replay, one-iteration-short change), each of vb's shape, for
+    systematic_sums.direction_sums."""
     vf = vb if fv is None else fv
     if not (va.is_floating_point() and vb.is_floating_point() and vf.is_floating_point()) \
             or va.shape != vb.shape or vf.shape != vb.shape or va.ndim < 1 or not va.numel():
         return
-    a, b, f = (t.detach().cpu().double() for t in (va, vb, vf))
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all() and torch.isfinite(f).all()):
+    a, b = (t.detach().cpu().double() for t in (va, vb))
+    f = b if fv is None else fv.detach().cpu().double()
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()
+            and (f is b or torch.isfinite(f).all())):
         return
-    sysm.add(point, position_sums(a.numpy(), b.numpy(), f.numpy()))
+    s = position_sums(a.numpy(), b.numpy(), f.numpy())
+    if direction is not None:
+        stored, g = (t.detach().cpu().double() for t in direction)
+        if stored.shape == a.shape and g.shape == a.shape and torch.isfinite(stored).all() \
+                and torch.isfinite(g).all():
+            s[:, DIRECTION] = direction_sums(a.numpy(), stored.numpy(), g.numpy())
+    sysm.add(point, s)
+
 

@@ -32,8 +32,8 @@ def summary_lines(checks: list) -> list:
     if tested:             # systematic statistics (docs/precision.md, "Systematic errors")
         found = [(c, s) for c in judged for s in c.get("systematic") or []]
         fails = sum(s["status"] == "FAIL" for _, s in found)
-        out.append(f"systematic: {tested:,} points tested for a scale, a bias or a rounding "
-                   f"direction; {fails} failing, {len(found) - fails} "
+        out.append(f"systematic: {tested:,} points tested for a scale, a bias, a rounding "
+                   f"direction or an iteration count; {fails} failing, {len(found) - fails} "
                    f"finding{'s' * (len(found) - fails != 1)} below the margin")
         for c, s in [f for f in found if f[1]["status"] == "finding"][:5]:
             sc = s["scale"]

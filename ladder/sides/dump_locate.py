@@ -24,6 +24,7 @@ import torch
 
 from ladder.engine.compare import Comparison, as_ruleset
 from ladder.engine.locate import Injected, Location, whole_forward_verdict, layer_scan
+from ladder.engine.systematic_verdict import is_systematic, systematic_verdict
 from ladder.model.names import point_name
 from ladder.model.points import LAYER, POINTS
 
@@ -155,6 +156,9 @@ def locate_dump(cmp: Comparison, dump, ref, params, cfg, window: int, floor=None
         loc.verdict = whole_forward_verdict(first)
         return loc
     loc.bisection = layer_scan(cmp, first)
+    if is_systematic(first):         # one position's re-run cannot show a repetition
+        loc.verdict = systematic_verdict(cmp, first)
+        return loc
     rules = as_ruleset(cmp.rules)
     low = None if floor is None else _AtPrecision(floor, precision, params)
     if low is not None:

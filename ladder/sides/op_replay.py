@@ -25,6 +25,26 @@ import torch
 from ladder.model.names import point_name
 
 
+# A one-iteration-short change counts where it exceeds this many of the replay's own
+# rounding steps at the value (2^-16 relative in float32): below it, the difference between
+# 19 and 20 iterations is the arithmetic's noise, not convergence.
+RESOLVED = 128
+
+
+def _sinkhorn_pair(logits):
+    """(reference.ops.sinkhorn(logits), the same one iteration short), in one pass: the
+    reference's loop step for step, so the first is its value bit for bit (the replay test
+    holds it)."""
+    from reference.ops import SINKHORN_ITERS
+    z = logits
+    for i in range(SINKHORN_ITERS):
+        if i == SINKHORN_ITERS - 1:
+            short = torch.exp(z)
+        z = z - torch.logsumexp(z, dim=-1, keepdim=True)
+        z = z - torch.logsumexp(z, dim=-2, keepdim=True)
+    return torch.exp(z), short
+
+
 class Replayer:
     """The reference's ops at one precision: `params` (already at it), the activation dtype,
     the cache's store (None: values as they are)."""
@@ -44,11 +64,13 @@ class Replayer:
         idx = torch.as_tensor(positions)
         return cos[idx], sin[idx]
 
-    def layer(self, i: int, get, positions, keys=None) -> dict:
+    def layer(self, i: int, get, positions, keys=None, directions=None) -> dict:
         """{point name: values [S, ...]} of layer `i`'s ops replayed at `positions`; `get(name)`
         the recording's values of L{i}.name there ([S, ...], or None), with `x_in` the lanes
         entering the layer. `keys`: the recorded keys and values of the attention's window,
-        ([S, M, KV, hd] keys, values, [S, M] allowed) for `attn`, or None."""
+        ([S, M, KV, hd] keys, values, [S, M] allowed) for `attn`, or None. `directions`: a
+        dict, filled with each iterative op's change when it runs one iteration fewer
+        ({"hres": [S, n, n]}), the direction systematic_sums.direction_sums tests."""
         from reference.ops import (apply_rope, hadamard_mlp, matmul, rms_unit, sinkhorn,
                                    zcrms)
         cfg, P, lp, dt = self.cfg, self.P, self.lps[i], self.dtype
@@ -102,7 +124,17 @@ class Replayer:
             + post_off), "nx")
         op("res_logits", lambda nx: P[st + "a_res"][i] * matmul(
             nx, P[st + "phi_res"][i]).reshape(S, n, n) + P[st + "b_res"][i], "nx")
-        op("hres", sinkhorn, "res_logits")
+        if directions is None:
+            op("hres", sinkhorn, "res_logits")
+        else:
+            op("hres", _sinkhorn_pair, "res_logits")
+        if "hres" in v and isinstance(v["hres"], tuple):
+            v["hres"], short = v["hres"]
+            g = short - v["hres"]
+            # where the plan has converged, g is the replay's own rounding, which any other
+            # float32 order shares in part: only a change well past it is a direction
+            resolved = g.abs() > RESOLVED * torch.finfo(dt).eps * v["hres"].abs()
+            directions["hres"] = torch.where(resolved, g, torch.zeros_like(g))
         op("x", lambda hres, x, hpost, y: torch.einsum("tij,tjc->tic", hres, x)
            + hpost[..., None] * y[:, None, :], "hres", "x_in", "hpost", "y")
         return v

@@ -64,7 +64,9 @@ class _Window:
         K = torch.stack([self.k.get(q, zero) for q in cols])
         V = torch.stack([self.v.get(q, zero) for q in cols])
         K, V = rep.stored(K), rep.stored(V)
-        allowed = torch.tensor([[s.start <= q <= s.stop - 1 for q in cols] for s in spans])
+        c = torch.tensor(cols)
+        lo_hi = torch.tensor([[s.start, s.stop - 1] for s in spans])
+        allowed = (c[None] >= lo_hi[:, :1]) & (c[None] <= lo_hi[:, 1:])
         S = len(positions)
         return (K[None].expand(S, *K.shape), V[None].expand(S, *V.shape), allowed)
 
@@ -78,21 +80,23 @@ def own_sums(port, params, cfg, precision, window: int, chunk: int = CHUNK) -> S
     """Systematic sums of every replayable op of `port` (a Ladder), keyed by point name;
     `chunk`: positions per batched replay (1: each step alone, as the reference ran it)."""
     truth = truth_replayer(params, cfg, precision)
+    store = torch.float32 if precision is None else getattr(torch, precision.activations)
     sysm = Systematic()
     wins = [_Window(window) for _ in range(cfg.num_layers)]
     last = port.captured == "last"
-    buf = []
+    buf, held = [], 0
     for step in port.steps:
         buf.append(step)
-        if sum(1 if last else len(s.positions) for s in buf) >= chunk:
-            _replay(port, buf, last, truth, cfg, wins, sysm)
-            buf = []
+        held += 1 if last else len(step.positions)
+        if held >= chunk:
+            _replay(port, buf, last, truth, cfg, wins, sysm, store)
+            buf, held = [], 0
     if buf:
-        _replay(port, buf, last, truth, cfg, wins, sysm)
+        _replay(port, buf, last, truth, cfg, wins, sysm, store)
     return sysm
 
 
-def _replay(port, steps, last, truth, cfg, wins, sysm):
+def _replay(port, steps, last, truth, cfg, wins, sysm, store):
     positions = [p for s in steps for p in ([s.positions[-1]] if last else s.positions)]
 
     def rec(point):
@@ -105,6 +109,7 @@ def _replay(port, steps, last, truth, cfg, wins, sysm):
         t = torch.cat(parts) if len(parts) > 1 else parts[0]
         return t if t.is_floating_point() and t.shape[0] == len(positions) else None
     S = len(positions)
+    items = []                       # (point, recorded, replayed, direction) of the chunk
     for i in range(cfg.num_layers):
         site = cfg.site_of_layer(i)
         prev = rec(point_name("x", i - 1)) if i else rec("embed")
@@ -118,16 +123,23 @@ def _replay(port, steps, last, truth, cfg, wins, sysm):
         if got["k"] is not None and got["v"] is not None and not last:
             win.add(positions, got["k"].float(), got["v"].float())
         kv = None if last else win.gather(positions, truth)
-        _add(sysm, i, got, truth.layer(i, got.get, positions, kv))
+        dirs = {}
+        _add(items, i, got, truth.layer(i, got.get, positions, kv, dirs), dirs, store)
         win.forget_before(max(positions) + 1)
     tail_got = {n: rec(n) for n in ("lane_mean", "final_norm", "logits")}
     tail_got[point_name("x", cfg.num_layers - 1)] = rec(point_name("x", cfg.num_layers - 1))
-    _add(sysm, None, tail_got, truth.tail(tail_got.get))
+    _add(items, None, tail_got, truth.tail(tail_got.get))
+    for point, a, b, direction in items:     # one point at a time: each fits in the cache
+        point_sums(sysm, point, a, b, None, direction)
 
 
-def _add(sysm, layer, got, replayed):
-    """The port's recorded values against its ops' replays: d = a - b against b."""
+def _add(items, layer, got, replayed, dirs=None, store=torch.float32):
+    """The port's recorded values against its ops' replays: d = a - b against b; an
+    iterative op's also along its one-iteration-short direction, from the replay as a
+    record at the declared dtype stores it."""
     for name, b in replayed.items():
         a = got.get(name)
         if a is not None:
-            point_sums(sysm, point_name(name, layer), a.float(), b.float(), None)
+            g = (dirs or {}).get(name)
+            direction = None if g is None else (b.to(store).float(), g.float())
+            items.append((point_name(name, layer), a, b, direction))

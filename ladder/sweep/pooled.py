@@ -29,6 +29,7 @@ from ladder.engine.systematic_sums import NCOLS
 CASE_CLUSTERS = 8           # clusters a row keeps per point (~170 KB a tiny row)
 MAX_POINTS = 8192           # points a row may declare (the shipped ladder has ~600)
 POOL_FREE = ("seed", "prompt_len", "steps", "window")   # settings a pool spans
+OLD_NCOLS = 8               # rows written before the iteration columns were added
 POOL_MARGIN = 0.5           # of a run's margin: the per-model rounding luck averages out
 
 
@@ -70,9 +71,10 @@ def check_field(v) -> str:
         if not (isinstance(m, list) and len(m) == 2 and all(_finite(x) and x >= 0 for x in m)):
             return f"points.{name}.margins must be two numbers >= 0"
         if not (isinstance(s, list) and len(s) <= CASE_CLUSTERS and all(
-                isinstance(c, list) and len(c) == NCOLS and all(map(_finite, c)) for c in s)):
+                isinstance(c, list) and len(c) in (OLD_NCOLS, NCOLS) and all(map(_finite, c))
+                for c in s)):
             return (f"points.{name}.sums must be at most {CASE_CLUSTERS} lists of {NCOLS} "
-                    f"finite numbers")
+                    f"(or, from before the iteration columns, {OLD_NCOLS}) finite numbers")
     return ""
 
 
@@ -97,7 +99,9 @@ def pool(rows: list) -> list:
                                       {})
             for point, p in r["systematic"]["points"].items():
                 if p["sums"]:
-                    one = np.array(p["sums"], dtype=np.float64).reshape(-1, NCOLS).sum(0)
+                    one = np.zeros(NCOLS)
+                    for c in p["sums"]:
+                        one[:len(c)] += c
                     model[point] = model[point] + one if point in model else one
                 old = margins.get(point, (0.0, 0.0))
                 margins[point] = (max(old[0], p["margins"][0]), max(old[1], p["margins"][1]))
