@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from ladder.engine.rule_tables import UNIT_EPS, systematic_margins
@@ -108,10 +109,10 @@ def point_sums(sysm, point: str, va, vb, fv, direction=None):
         return
     a, b = (t.detach().cpu().double() for t in (va, vb))
     f = b if fv is None else fv.detach().cpu().double()
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()
-            and (f is b or torch.isfinite(f).all())):
+    with np.errstate(all="ignore"):
+        s = position_sums(a.numpy(), b.numpy(), f.numpy())
+    if not np.isfinite(s).all():     # a NaN or Inf anywhere in a, b or f reaches the sums
         return
-    s = position_sums(a.numpy(), b.numpy(), f.numpy())
     if direction is not None:
         stored, g = (t.detach().cpu().double() for t in direction)
         if stored.shape == a.shape and g.shape == a.shape and torch.isfinite(stored).all() \

@@ -99,7 +99,14 @@ def own_sums(port, params, cfg, precision, window: int, chunk: int = CHUNK) -> S
 def _replay(port, steps, last, truth, cfg, wins, sysm, store):
     positions = [p for s in steps for p in ([s.positions[-1]] if last else s.positions)]
 
-    def rec(point):
+    seen = {}
+
+    def rec(point):                  # each point's chunk joined once (x is read twice)
+        if point not in seen:
+            seen[point] = _joined(point)
+        return seen[point]
+
+    def _joined(point):
         parts = []
         for s in steps:
             k = f"{s.name}/{point}"
