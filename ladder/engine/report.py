@@ -25,7 +25,8 @@ FULL = ["step", "point", "shape", "error", "passed", "max_abs", "max_rel", "ulp"
         "first_bad_pos", "note"]
 
 SYSTEMATIC_COLUMNS = ["point", "result", "kind", "positions", "scale_minus_1", "scale_se", "scale_p",
-                      "bias", "bias_se", "bias_p", "toward_zero", "toward_p", "margin"]
+                      "bias", "bias_se", "bias_p", "toward_zero", "toward_p", "iterations",
+                      "iterations_se", "iterations_p", "iterations_along", "margin"]
 
 CSS = """
 body{font-family:sans-serif;margin:1.5em;color:#222}

@@ -20,7 +20,9 @@ def systematic_frame(results: list) -> pd.DataFrame:
                          else "", positions=r.clusters, scale_minus_1=r.scale.value,
                          scale_se=r.scale.se, scale_p=r.scale.p_adj, bias=r.bias.value,
                          bias_se=r.bias.se, bias_p=r.bias.p_adj, toward_zero=r.toward.value,
-                         toward_p=r.toward.p_adj, margin=r.scale.margin))
+                         toward_p=r.toward.p_adj, iterations=r.iterations.value,
+                         iterations_se=r.iterations.se, iterations_p=r.iterations.p_adj,
+                         iterations_along=r.along, margin=r.scale.margin))
     return pd.DataFrame(rows)
 
 

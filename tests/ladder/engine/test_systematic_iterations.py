@@ -83,3 +83,15 @@ def test_a_sweep_row_from_before_the_iteration_columns_is_read():
     assert check_field(old) == ""
     old["points"]["L00.x"]["sums"] = [[1.0] * 9]
     assert f"lists of {NCOLS}" in check_field(old)
+
+
+def test_the_report_table_carries_the_iteration_count():
+    from ladder.engine.report import SYSTEMATIC_COLUMNS
+    from ladder.engine.systematic_plot import systematic_frame
+    _, r, g = plans(0, C=400)
+    res = judged(bf16(r + g), r, g)
+    frame = systematic_frame([res])
+    assert {"iterations", "iterations_p", "iterations_along"} <= set(SYSTEMATIC_COLUMNS)
+    row = frame.iloc[0]
+    assert row["kind"] == "iteration count" and row["iterations"] == res.iterations.value
+    assert row["iterations_along"] == 1.0
