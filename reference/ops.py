@@ -102,12 +102,21 @@ def hadamard_mlp(h, d1, d2, d3, d_model: int):
     return (d3 * z)[..., :d_model]
 
 
-def sinkhorn(logits, iters: int = SINKHORN_ITERS):
-    """Log-domain Sinkhorn: rows then columns, fixed iteration count, then exp."""
+def log_sinkhorn_steps(logits, iters: int = SINKHORN_ITERS):
+    """The log-domain plan before the first iteration and after each of `iters` (rows then
+    columns): what sinkhorn exponentiates last, and the ones before it."""
     z = logits
+    yield z
     for _ in range(iters):
         z = z - torch.logsumexp(z, dim=-1, keepdim=True)
         z = z - torch.logsumexp(z, dim=-2, keepdim=True)
+        yield z
+
+
+def sinkhorn(logits, iters: int = SINKHORN_ITERS):
+    """Log-domain Sinkhorn: rows then columns, fixed iteration count, then exp."""
+    for z in log_sinkhorn_steps(logits, iters):
+        pass
     return torch.exp(z)
 
 

@@ -32,17 +32,11 @@ RESOLVED = 128
 
 
 def _sinkhorn_pair(logits):
-    """(reference.ops.sinkhorn(logits), the same one iteration short), in one pass: the
-    reference's loop step for step, so the first is its value bit for bit (the replay test
-    holds it)."""
-    from reference.ops import SINKHORN_ITERS
-    z = logits
-    for i in range(SINKHORN_ITERS):
-        if i == SINKHORN_ITERS - 1:
-            short = torch.exp(z)
-        z = z - torch.logsumexp(z, dim=-1, keepdim=True)
-        z = z - torch.logsumexp(z, dim=-2, keepdim=True)
-    return torch.exp(z), short
+    """(reference.ops.sinkhorn(logits), the same one iteration short), from one run of the
+    reference's iterations."""
+    from reference.ops import SINKHORN_ITERS, log_sinkhorn_steps
+    *_, short, plan = log_sinkhorn_steps(logits, SINKHORN_ITERS)
+    return torch.exp(plan), torch.exp(short)
 
 
 class Replayer:
@@ -128,7 +122,7 @@ class Replayer:
             op("hres", sinkhorn, "res_logits")
         else:
             op("hres", _sinkhorn_pair, "res_logits")
-        if "hres" in v and isinstance(v["hres"], tuple):
+        if directions is not None and "hres" in v:
             v["hres"], short = v["hres"]
             g = short - v["hres"]
             # where the plan has converged, g is the replay's own rounding, which any other

@@ -4,6 +4,7 @@ differ from the replay for another reason, and a pattern repeated at every posit
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from ladder.engine.systematic import Systematic
@@ -41,6 +42,18 @@ def test_records_an_iteration_short_fail_as_an_iteration_count():
     assert res.failed and res.kind == "iteration count", res.text()
     assert abs(res.iterations.value - 1) < 4 * res.iterations.se + 0.2, res.text()
     assert res.along == 1.0 and "one iteration fewer" in res.text()
+
+
+@pytest.mark.parametrize("pull, status", [(0.05, "finding"), (0.2, "FAIL")])
+def test_a_pull_inside_the_margin_is_a_finding_and_past_it_fails(pull, status):
+    # a twentieth and a fifth of an iteration (margin ITERATION_MARGIN = 0.1), g 15 % of a
+    # rounding so that 2000 positions resolve them
+    rng = np.random.default_rng(5)
+    r = rng.uniform(0.05, 0.6, (2000, 4, 4)).astype(np.float32).astype(np.float64)
+    g = 3e-4 * rng.standard_normal(r.shape)
+    res = judged(bf16(r + pull * g), r, g)
+    assert res.status == status and res.kind == "iteration count", res.text()
+    assert abs(res.iterations.value - pull) < 4 * res.iterations.se + 0.02, res.text()
 
 
 def test_records_equal_to_the_stored_replay_have_no_pull():

@@ -128,16 +128,15 @@ def test_our_bfloat16_plan_is_the_stored_replay_bit_for_bit(monkeypatch, model1)
     in float32 from its recorded logits and rounds once, so every recorded hres equals the
     float32 replay stored at bfloat16, and an honest port shows no pull at all."""
     from ladder.model.precision import Precision
-    lad = model1.reference(model1.tokens(18), 6, model1.cfg.kv_window)
-    cap = judge(model1.our_port(precision="bfloat16"), model1, locate=False, **SCHEDULE)
-    assert cap.passed and lad is not None
-    seen = _replays(monkeypatch, cap.obtained, model1, Precision.parse("bfloat16"), chunk=64)
+    v = judge(model1.our_port(precision="bfloat16"), model1, locate=False, **SCHEDULE)
+    assert v.passed
+    seen = _replays(monkeypatch, v.obtained, model1, Precision.parse("bfloat16"), chunk=64)
     hres = [p for p in seen if p.endswith(".hres")]
     assert len(hres) == model1.cfg.num_layers
     for point in hres:
         for a, b in seen[point]:
             assert torch.equal(a.to(torch.bfloat16), b.to(torch.bfloat16)), point
-    pulls = [r.iterations for r in cap.cmp.systematic if r.point.endswith(".hres (own op)")]
+    pulls = [r.iterations for r in v.cmp.systematic if r.point.endswith(".hres (own op)")]
     assert pulls and all(e.value == 0 for e in pulls if e.p == e.p)
 
 
