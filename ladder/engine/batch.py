@@ -22,6 +22,7 @@ import math
 import numpy as np
 import torch
 
+from ladder.engine import scratch
 from ladder.engine.systematic_sums import segmented_sums
 from ladder.engine.three_way import batch_units
 
@@ -82,30 +83,37 @@ def floor_array(floor, key: str, in_f: dict, point: str, y):
     return f if f is not None and f.shape == y.shape else None
 
 
-def _ordered(bits: np.ndarray, wide: bool) -> np.ndarray:
-    """Float bits as int64 integers that count ULPs monotonically across zero (metrics.py):
-    a negative pattern i (sign-extended) maps to -(i & mask) = -2^31 - i for float32."""
-    if not wide:
-        i = bits.astype(np.int64)
-        return np.where(i < 0, -(1 << 31) - i, i)
+def _ordered(bits: np.ndarray) -> np.ndarray:
+    """float64 bits as int64 integers that count ULPs monotonically across zero (metrics.py):
+    a negative pattern i maps to -(i & mask)."""
     i = bits.astype(np.int64)
     return np.where(i < 0, -(i & 0x7FFFFFFFFFFFFFFF), i)
 
 
-def _ulp_elements(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """Per-element ULP distance as float64, equal to metrics._ulps before its max."""
+def _ulp_max(A: np.ndarray, B: np.ndarray, starts: np.ndarray) -> list:
+    """Each point's largest ULP distance (metrics._ulps), points laid end to end from
+    `starts`. For float32, on the raw bit patterns ia, ib (int32): where the signs agree
+    the ordered patterns differ by |ia - ib| (for two negatives both are mirrored), where
+    they differ the distance is the two magnitudes' sum, (ia & m) + (ib & m), m = 2^31 - 1;
+    both are taken in int64, exactly (< 2^32). Pairs across zero are few: they are fixed up
+    after one subtraction over all."""
     if A.dtype == np.float32:
-        # every float32 pattern fits int32, so the distance (< 2^32) is exact in int64 for
-        # pairs on either side of zero alike
-        d = _ordered(A.view(np.int32), False)
-        d -= _ordered(B.view(np.int32), False)
-        np.abs(d, out=d)
-        return d.astype(np.float64)
-    ia, ib = _ordered(A.view(np.int64), True), _ordered(B.view(np.int64), True)
+        n = A.size
+        ia, ib = A.view(np.int32), B.view(np.int32)
+        d = np.subtract(ia, ib, out=scratch.take("ulp.d", n, np.int64), dtype=np.int64)
+        across = np.bitwise_xor(ia, ib, out=scratch.take("ulp.x", n, np.int32))
+        across = np.less(across, 0, out=scratch.take("ulp.across", n, bool))
+        if across.any():
+            k = np.flatnonzero(across)
+            d[k] = (ia[k] & 0x7FFFFFFF).astype(np.int64) + (ib[k] & 0x7FFFFFFF)
+        top = np.maximum(np.maximum.reduceat(d, starts), -np.minimum.reduceat(d, starts))
+        return top.astype(np.float64).tolist()
+    ia, ib = _ordered(A.view(np.int64)), _ordered(B.view(np.int64))
     same = (ia >= 0) == (ib >= 0)
     with np.errstate(over="ignore"):
-        return np.where(same, np.abs(np.where(same, ia - ib, 0)).astype(np.float64),
-                        np.abs(ia).astype(np.float64) + np.abs(ib).astype(np.float64))
+        d = np.where(same, np.abs(np.where(same, ia - ib, 0)).astype(np.float64),
+                     np.abs(ia).astype(np.float64) + np.abs(ib).astype(np.float64))
+    return np.maximum.reduceat(d, starts).tolist()
 
 
 # Elements a measure call takes at most: its float64 temporaries (~8 arrays of this length)
@@ -140,26 +148,26 @@ def measure(pairs: list, rules: list, rel_floor: float, floors=None) -> list:
         return [], None
     sizes = np.fromiter((x.size for x, _ in pairs), np.int64, len(pairs))
     S = np.fromiter((x.shape[0] for x, _ in pairs), np.int64, len(pairs))
-    A = np.concatenate([x.reshape(-1) for x, _ in pairs])
-    B = np.concatenate([y.reshape(-1) for _, y in pairs])
-    F = None if floors is None else np.concatenate([f.reshape(-1) for f in floors.values])
-    finite = np.isfinite(A)
-    finite &= np.isfinite(B)
-    if F is not None:
-        finite &= np.isfinite(F)
+    # the chunk's element-sized arrays are scratch.py's work arrays: allocated once, not per chunk
+    n, dt = int(sizes.sum()), pairs[0][0].dtype
+    A = scratch.concatenate("A", [x.reshape(-1) for x, _ in pairs], dt)
+    B = scratch.concatenate("B", [y.reshape(-1) for _, y in pairs], dt)
+    F = None
+    if floors is not None:
+        parts = [f.reshape(-1) for f in floors.values]
+        F = scratch.concatenate("F", parts, np.result_type(*parts))
     starts = np.zeros(len(pairs), dtype=np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
-    if not finite.all():
-        ok = np.logical_and.reduceat(finite, starts)
-        keep = [i for i in range(len(pairs)) if ok[i]]
-        return keep, measure([pairs[i] for i in keep], [rules[i] for i in keep], rel_floor,
-                             None if floors is None else floors.subset(keep))[1]
-    del finite
     wide = A.dtype == np.float64
-    A64, B64 = (A, B) if wide else (A.astype(np.float64), B.astype(np.float64))
-    D = np.subtract(A64, B64)
-    np.abs(D, out=D)
-    AB = np.abs(B64)
+    if wide:
+        A64, B64 = A, B
+    else:
+        A64, B64 = scratch.take("A64", n), scratch.take("B64", n)
+        np.copyto(A64, A)
+        np.copyto(B64, B)
+    with np.errstate(invalid="ignore", over="ignore"):
+        signed = np.subtract(A64, B64, out=scratch.take("signed", n))    # a - b
+    D = np.abs(signed, out=scratch.take("D", n))
     # position j of point i starts at starts[i] + j * width_i
     width = sizes // S
     pos_first = np.zeros(len(pairs), dtype=np.int64)        # index of a point's position 0
@@ -167,16 +175,27 @@ def measure(pairs: list, rules: list, rel_floor: float, floors=None) -> list:
     within = np.arange(int(S.sum()), dtype=np.int64) - np.repeat(pos_first, S)
     pos_starts = np.repeat(starts, S) + within * np.repeat(width, S)
     pos_d = np.maximum.reduceat(D, pos_starts)
+    # a NaN or Inf in a or b reaches |a - b| and its maximum (a - b of finite float32 values
+    # cannot overflow; of float64 ones it can, and that point is measured one by one, which
+    # gives the same row); the floor is checked itself
+    point_d = np.maximum.reduceat(pos_d, pos_first)
+    ok = np.isfinite(point_d)
+    if F is not None and not np.isfinite(F).all():
+        ok &= np.logical_and.reduceat(np.isfinite(F), starts)
+    if not ok.all():
+        keep = [i for i in range(len(pairs)) if ok[i]]
+        return keep, measure([pairs[i] for i in keep], [rules[i] for i in keep], rel_floor,
+                             None if floors is None else floors.subset(keep))[1]
+    AB = np.abs(B64, out=scratch.take("AB", n))
     pos_b = np.maximum.reduceat(AB, pos_starts)
-    max_abs = np.maximum.reduceat(pos_d, pos_first).tolist()
+    max_abs = point_d.tolist()
     ymax = np.maximum.reduceat(pos_b, pos_first)
     floor = np.maximum(rel_floor * ymax, 1e-300)
-    rel = np.maximum(AB, np.repeat(floor, sizes))
-    del AB
+    rel = np.repeat(floor, sizes)    # fresh, but its block is reused: the rest are held
+    np.maximum(AB, rel, out=rel)
     np.divide(D, rel, out=rel)
     max_rel = np.maximum.reduceat(rel, starts).tolist()
-    del rel
-    ulp = np.maximum.reduceat(_ulp_elements(A, B), starts).tolist()
+    ulp = _ulp_max(A, B, starts)
     # Rule.allowance and position_ratios' division, position by position, as float64 arrays:
     # the same IEEE operations in the same order as the scalar and torch forms
     rt = np.repeat(np.fromiter((r.rtol for r in rules), np.float64, len(rules)), S)
@@ -193,7 +212,9 @@ def measure(pairs: list, rules: list, rel_floor: float, floors=None) -> list:
                        np.where(pos_d == 0, 0.0, np.inf))
     # the systematic tests' per-position sums (systematic_sums.py): a - floor, or a - b at
     # float32, against b
-    sums = segmented_sums(A64, B64, B64 if F is None else F, pos_starts, np.repeat(width, S))
+    sums = segmented_sums(A64, B64, B64 if F is None else F, pos_starts, np.repeat(width, S),
+                          d=signed if F is None else None,
+                          narrow=not wide and (F is None or F.dtype == np.float32))
     bad = np.zeros(len(pairs), dtype=np.int64)
     owner = np.repeat(np.arange(len(pairs)), S)
     for k in np.flatnonzero(err > 1).tolist():   # only a failing position has elements over
@@ -222,10 +243,10 @@ class Measured:
         self.three = three              # three_way.BatchFloor, or None
         self._sums = sums               # [positions, NCOLS]: systematic_sums' columns
 
-    def systematic(self, i: int):
-        """Point i's per-position systematic sums, [S_i, NCOLS]."""
-        p0 = self._p0[i]
-        return self._sums[p0:p0 + self._S[i]]
+    def add_systematic(self, sysm, points: list):
+        """Every point's systematic sums into `sysm` (systematic.Systematic), point i as
+        points[i]."""
+        sysm.add_rows(points, self._sums, self._p0, self._S)
 
     def floor_columns(self, i: int) -> dict:
         """The three-way columns of point i's row (three_way.three_way's)."""

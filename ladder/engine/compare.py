@@ -376,12 +376,13 @@ def compare_ladders(a: Ladder, b: Ladder, rules=DEFAULT_RULES, prefix: str = "po
                     [g[6] for g in group], [seen.get(g[1], 0.0) for g in group], unit_eps)
                 kept, measured = measure([(g[2], g[3]) for g in group],
                                          [rs.rules[g[4]] for g in group], rs.rel_floor, fb)
+                if kept:
+                    measured.add_systematic(sysm, [group[g][1] for g in kept])
                 for k, g in enumerate(kept):
                     i, point, x, _, pattern, half, _ = group[g]
                     errs = measured.errors(k)
                     if fb is not None:
                         seen[point] = measured.three.last_drift[k]
-                    sysm.add(point, measured.systematic(k))
                     done[i] = LazyRow(point, max(errs), (_batch_row, measured, k, (
                         st.name, point, x.shape, x.size, errs, pattern, rs.rules[pattern],
                         pos0, half)))

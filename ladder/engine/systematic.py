@@ -47,6 +47,7 @@ from ladder.engine.systematic_sums import (ALONG, COUNT, GD, GG, MOVED, MOVEDG, 
 ALPHA = 1e-3             # family-wise false-alarm rate of one comparison
 MIN_CLUSTERS = 3         # fewer positions give no test (t on 1 degree of freedom is no evidence)
 MAX_CLUSTERS = 4096      # past this, neighbouring positions are merged (memory stays bounded)
+SETTLE_ROWS = 1 << 15    # rows added before they are sorted by point (~3 MB of sums held)
 # A toward-zero share past 0.5 + this, certain, signs truncation. Truncated stores move nearly
 # every moved element toward zero (1.0 at `embed`, bfloat16 and float16); honest ports that round
 # only where they record were measured leaning 0.61 to 0.64 with a certain share
@@ -205,23 +206,65 @@ class Systematic:
     def __init__(self):
         self._sums: dict = {}                # point -> list of [S, NCOLS] arrays
         self._rows: dict = {}
+        self._blocks: list = []              # added, not yet sorted by point
+        self._pending = 0                    # their rows
 
     def add(self, point: str, sums: np.ndarray):
-        parts = self._sums.setdefault(point, [])
-        parts.append(sums)
-        n = self._rows.get(point, 0) + sums.shape[0]
-        self._rows[point] = n
-        if n > MAX_CLUSTERS:                 # pair neighbours: sums of sums stay valid
-            s = np.concatenate(parts)
+        self.add_rows([point], sums, [0], [sums.shape[0]])
+
+    def add_rows(self, points, sums: np.ndarray, first, counts):
+        """Point k's sums are sums[first[k]:first[k] + counts[k]] (a batch's rows, laid end
+        to end, first ascending): the same as add() for each. A step adds a row for each of
+        ~500 points, so the rows are kept as the batch's block and sorted by point in one
+        numpy pass every SETTLE_ROWS rows, not appended one by one."""
+        self._blocks.append((points, sums, first, counts))
+        self._pending += int(sums.shape[0])
+        if self._pending >= SETTLE_ROWS:
+            self._settle()
+
+    def _settle(self):
+        """The pending blocks' rows appended to their points, in the order they came."""
+        blocks, self._blocks, self._pending = self._blocks, [], 0
+        if not blocks:
+            return
+        index: dict = {}
+        ids, rows = [], []
+        for points, sums, first, counts in blocks:
+            k = [index.setdefault(p, len(index)) for p in points]
+            counts = np.asarray(counts, np.int64)
+            ids.append(np.repeat(np.asarray(k, np.int64), counts))
+            first = np.asarray(first, np.int64)
+            take = np.repeat(first - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+            rows.append(sums[np.arange(len(take)) + take] if len(take) else sums[:0])
+        ids, rows = np.concatenate(ids), np.concatenate(rows)
+        order = np.argsort(ids, kind="stable")
+        ends = np.cumsum(np.bincount(ids, minlength=len(index)))
+        rows = rows[order]
+        lo = 0
+        for point, hi in zip(index, ends.tolist()):
+            parts = self._sums.setdefault(point, [])
+            parts.append(rows[lo:hi])
+            lo = hi
+            n = self._rows[point] = self._rows.get(point, 0) + len(parts[-1])
+            if n > MAX_CLUSTERS:
+                self._pair(point)
+
+    def _pair(self, point: str):
+        """Neighbouring positions merged until at most MAX_CLUSTERS: sums of sums stay valid,
+        memory stays bounded."""
+        s = np.concatenate(self._sums[point])
+        while len(s) > MAX_CLUSTERS:
             if len(s) % 2:
                 s = np.concatenate([s, np.zeros((1, NCOLS))])
             s = s[0::2] + s[1::2]
-            self._sums[point], self._rows[point] = [s], len(s)
+        self._sums[point], self._rows[point] = [s], len(s)
 
     def points(self) -> list:
+        self._settle()
         return list(self._sums)
 
     def sums(self, point: str) -> np.ndarray:
+        self._settle()
         return np.concatenate(self._sums[point])
 
     def merge(self, other: "Systematic"):
@@ -232,8 +275,8 @@ class Systematic:
     def finish(self, margins, unit: float = 0.0, word: str = "positions") -> list:
         """PointSystematic per point (insertion order), Holm-corrected over all of them.
         margins(point) -> (scale margin, bias margin); unit: PointSystematic.unit."""
-        raw = [(point, *estimates(self.sums(point)), *iterations(self.sums(point)))
-               for point in self._sums]
+        raw = [(point, *estimates(s), *iterations(s))
+               for point, s in ((p, self.sums(p)) for p in self.points())]
         flat = [e.p for _, _, _, sc, bi, tz, it, _ in raw for e in (sc, bi, tz, it)]
         tested = [i for i, p in enumerate(flat) if not math.isnan(p)]
         adj = dict(zip(tested, holm([flat[i] for i in tested])))

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ladder.engine import scratch
+
 TAU = 0.25               # in RMS units of the position
 # columns of a cluster's row
 W, WX, WXX, WD, WXD, TOWARD, MOVED, COUNT, GG, GD, ALONG, MOVEDG = range(12)
@@ -41,30 +43,62 @@ def position_sums(a: np.ndarray, b: np.ndarray, f: np.ndarray) -> np.ndarray:
 
 
 def segmented_sums(A64: np.ndarray, B64: np.ndarray, F: np.ndarray, pos_starts: np.ndarray,
-                   pos_width: np.ndarray) -> np.ndarray:
+                   pos_width: np.ndarray, d: np.ndarray | None = None,
+                   narrow: bool = False) -> np.ndarray:
     """position_sums for every position of a batch laid end to end (batch.measure's layout):
-    [positions, NCOLS]. pos_starts: each position's first element; pos_width: its length."""
-    x = B64
-    d = np.subtract(F.astype(np.float64, copy=False), A64)
-    np.negative(d, out=d)                                  # d = a - f
-    ms = np.add.reduceat(x * x, pos_starts) / np.maximum(pos_width, 1)
-    rms = np.sqrt(ms)
-    ok = rms > 0
-    inv = np.repeat(np.where(ok, 1.0 / np.where(ok, rms, 1.0), 0.0), pos_width)
-    xs, ds = x * inv, d * inv
-    w = 1.0 / (xs * xs + TAU * TAU)
-    w *= np.repeat(ok, pos_width)
-    out = np.zeros((len(pos_starts), NCOLS))
-    wx = w * xs
+    [positions, NCOLS]. pos_starts: each position's first element; pos_width: its length;
+    d: a - f when the caller has it already (float64); narrow: a, b and f are all float32
+    values (below). The element-sized temporaries are scratch.py's work arrays; the result is
+    the caller's own.
+
+    Every column is a sum over a position, so each of its constant factors is applied to the
+    position's sum rather than to each element: with c = 1 / rms, xs = c x and ds = c d,
+    sum w xs = c sum w x, sum w ds = c sum w d, sum w xs ds = c^2 sum w x d, and
+    sum w xs^2 = width - tau^2 sum w, since w xs^2 = 1 - tau^2 w. Only w itself needs c at
+    each element. These are a comparison's largest cost after reading the values (each pass
+    over a chunk's elements is one numpy call), so they take as few passes as the sums allow.
+
+    The moved and toward-zero counts are read off w x d, which has the sign of d x (w > 0):
+    for float32 values a nonzero d and x are each at least 2^-149, w at least 1 / (width +
+    tau^2), so the product cannot underflow to zero; for wider values it could, and the
+    counts are taken from d and x themselves."""
+    n, x = B64.size, B64
+    if d is None:
+        d = np.subtract(A64, F, out=scratch.take("sys.d", n))     # F widened exactly
     red = np.add.reduceat
+    x2 = np.multiply(x, x, out=scratch.take("sys.w", n))
+    ms = red(x2, pos_starts) / np.maximum(pos_width, 1)
+    ok = ms > 0
+    c2 = np.where(ok, 1.0 / np.where(ok, ms, 1.0), 0.0)          # 1 / rms^2, 0 where all zero
+    c = np.sqrt(c2)
+    w = np.multiply(x2, np.repeat(c2, pos_width), out=x2)           # xs^2
+    w += TAU * TAU
+    np.divide(1.0, w, out=w)
+    if not ok.all():                 # a position of zeros weighs nothing
+        for s, k in zip(pos_starts[~ok].tolist(), pos_width[~ok].tolist()):
+            w[s:s + k] = 0.0
+    out = np.zeros((len(pos_starts), NCOLS))
+    wx = np.multiply(w, x, out=scratch.take("sys.wx", n))
+    t = scratch.take("sys.t", n)
     out[:, W] = red(w, pos_starts)
-    out[:, WX] = red(wx, pos_starts)
-    out[:, WXX] = red(wx * xs, pos_starts)
-    out[:, WD] = red(w * ds, pos_starts)
-    out[:, WXD] = red(wx * ds, pos_starts)
-    moved = (d != 0) & (x != 0)
-    out[:, TOWARD] = red(((d * x) < 0) & moved, pos_starts)
-    out[:, MOVED] = red(moved, pos_starts)
+    out[:, WX] = red(wx, pos_starts) * c
+    out[:, WXX] = np.where(ok, pos_width - TAU * TAU * out[:, W], 0.0)
+    out[:, WD] = red(np.multiply(w, d, out=t), pos_starts) * c
+    wxd = np.multiply(wx, d, out=t)
+    out[:, WXD] = red(wxd, pos_starts) * c2
+    flag = scratch.take("sys.flag", n, bool)
+    u8 = flag.view(np.uint8)
+    if narrow:
+        out[:, TOWARD] = red(np.less(wxd, 0.0, out=flag).view(np.uint8), pos_starts,
+                             dtype=np.int64)
+        out[:, MOVED] = red(np.not_equal(wxd, 0.0, out=flag).view(np.uint8), pos_starts,
+                            dtype=np.int64)
+    else:
+        out[:, TOWARD] = red(np.less(np.multiply(d, x, out=t), 0.0, out=flag).view(np.uint8),
+                             pos_starts, dtype=np.int64)
+        moved = np.not_equal(d, 0.0, out=flag)
+        moved &= np.not_equal(x, 0.0, out=scratch.take("sys.flag2", n, bool))
+        out[:, MOVED] = red(u8, pos_starts, dtype=np.int64)
     out[:, COUNT] = np.where(ok, pos_width, 0)
     return out
 

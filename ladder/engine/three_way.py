@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from ladder.engine import scratch
 from ladder.engine.rule import by_position, noise_units
 
 
@@ -89,10 +90,9 @@ def batch_units(F, B64, pos_starts, pos_first, S, pos_b, pos_d, floors: FloorBat
     forms equal the per-point ones bit for bit (tests/ladder/engine/test_batch.py holds them so).
     F: the floors laid end to end as B64 is (finite: batch.measure sends the rest back);
     pos_starts, pos_first, S, pos_b, pos_d: batch.measure's per-position layout."""
-    FD = np.subtract(F.astype(np.float64, copy=False), B64)
+    FD = np.subtract(F, B64, out=scratch.take("three.fd", B64.size))   # F widened exactly
     np.abs(FD, out=FD)
     pos_fd = np.maximum.reduceat(FD, pos_starts)
-    del FD
     drift = np.maximum(pos_fd, np.repeat(np.asarray(floors.priors, np.float64), S))
     for i in np.flatnonzero(S > 1).tolist():         # the running max along each point
         lo = int(pos_first[i])
