@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ladder.engine.systematic import MAX_CLUSTERS, Systematic, estimates
-from ladder.engine.systematic_sums import position_sums, segmented_sums
+from ladder.engine.systematic_sums import NCOLS, position_sums, segmented_sums
 
 U = 2.0 ** -8                 # bfloat16's unit roundoff
 MARGINS = lambda point: (U / 8, U / 8)
@@ -153,3 +153,40 @@ def test_a_tiny_certain_scale_prints_its_departure():
     assert _scale_text(Estimate(3.1e-8, 6.7e-9, 1e-6)) == "1 + 3.1e-08 +- 6.7e-09"
     assert _scale_text(Estimate(-2.5e-6, 4e-7, 1e-6)) == "1 - 2.5e-06 +- 4e-07"
     assert _scale_text(Estimate(0.0033, 0.00036, 1e-6)) == "1.0033 +- 0.00036"
+
+
+@pytest.mark.parametrize("settle", [1, 7, 1 << 15])
+def test_rows_added_in_blocks_reach_their_points_in_arrival_order(monkeypatch, settle):
+    """add_rows keeps a batch's block and sorts it by point later (every SETTLE_ROWS rows):
+    each point must get exactly its rows, in the order they came, whenever the sort runs."""
+    from ladder.engine import systematic
+    monkeypatch.setattr(systematic, "SETTLE_ROWS", settle)
+    rng = np.random.default_rng(5)
+    s, want = Systematic(), {}
+    for step in range(9):
+        names = [f"p{k}" for k in rng.permutation(6)[:4 + step % 3]]
+        counts = rng.integers(0 if step else 1, 4, len(names))
+        block = rng.standard_normal((int(counts.sum()), NCOLS))
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        s.add_rows(names, block, first.tolist(), counts.tolist())
+        for name, p0, c in zip(names, first, counts):
+            want.setdefault(name, []).append(block[p0:p0 + c])
+        if step == 4:
+            s.add("late", block[:2])
+            want["late"] = [block[:2]]
+    assert s.points() == list(want)              # first arrival order
+    for name, parts in want.items():
+        assert np.array_equal(s.sums(name), np.concatenate(parts))
+
+
+def test_merging_past_the_cap_pairs_until_under_it(monkeypatch):
+    from ladder.engine import systematic
+    monkeypatch.setattr(systematic, "MAX_CLUSTERS", 4)
+    rows = np.arange(11 * NCOLS, dtype=float).reshape(11, NCOLS)
+    s = Systematic()
+    s.add("p", rows)
+    got = s.sums("p")
+    padded = np.concatenate([rows, np.zeros((1, NCOLS))])
+    pairs = padded[0::2] + padded[1::2]                          # 6 rows, still past 4
+    assert np.array_equal(got, pairs[0::2] + pairs[1::2])
+    assert np.array_equal(got.sum(0), rows.sum(0))
